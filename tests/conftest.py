@@ -1,0 +1,185 @@
+"""Shared fixtures for the three tiers.
+
+- unit: no root, no kernel objects;
+- node: root; real network namespaces, veth pairs, bridges, loop devices and mounts made through the fixtures here,
+  each removed even when the test fails;
+- e2e: the whole agent on a temporary root, driven as kubelet and a runtime drive it.
+
+At the end of the session :func:`pytest_sessionfinish` compares the host against a snapshot taken at the start and
+fails the run if a test left a network namespace, a link, a mount or a loop device behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
+    """Run a command for test set-up (argument list, no shell); raise with its stderr on failure."""
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+def unique(prefix: str, n: int = 6) -> str:
+    """A name unlikely to clash: ``prefix`` + random hex (keep interface names within 15 characters)."""
+    return prefix + secrets.token_hex(n // 2 + 1)[:n]
+
+
+# ---------------------------------------------------------------- host snapshot for the leak check
+
+
+def _netns() -> set[str]:
+    try:
+        return set(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return set()
+
+
+def _links() -> set[str]:
+    try:
+        out = sh("ip", "-j", "link", "show")
+    except (RuntimeError, FileNotFoundError):
+        return set()
+    return {f"{link['ifname']}" for link in json.loads(out or "[]")}
+
+
+def _mounts() -> set[str]:
+    with open("/proc/self/mountinfo") as f:
+        return {line.split()[4] for line in f}
+
+
+def _loops() -> set[str]:
+    try:
+        out = sh("losetup", "-J", "-l")
+    except (RuntimeError, FileNotFoundError):
+        return set()
+    if not out.strip():
+        return set()
+    return {f"{d['name']} -> {d.get('back-file')}" for d in json.loads(out).get("loopdevices", [])}
+
+
+def _snapshot() -> dict[str, set[str]]:
+    return {"netns": _netns(), "link": _links(), "mount": _mounts(), "loop device": _loops()}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _snapshot() if IS_ROOT else {}
+
+
+_BEFORE = pytest.StashKey[dict[str, set[str]]]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_BEFORE, {})
+    if not before or os.environ.get("NODEPLUG_LEAKCHECK") == "off":
+        return
+    after = _snapshot()
+    leaks = [f"{kind}: {name}" for kind in after for name in sorted(after[kind] - before.get(kind, set()))]
+    if leaks:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "tests left host objects behind:\n  " + "\n  ".join(leaks)
+        if tr is not None:
+            tr.write_line("")
+            tr.write_line(msg, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def tmp_root(tmp_path: Path) -> Path:
+    """A fresh directory to use as the agent's ``--root``."""
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def netns() -> Iterator[Callable[[], str]]:
+    """Factory for network namespaces (``nsname = netns()``); every one is deleted at teardown."""
+    if not IS_ROOT:
+        pytest.skip("needs root: creates network namespaces")
+    made: list[str] = []
+
+    def make() -> str:
+        name = unique("npt-", 8)
+        sh("ip", "netns", "add", name)
+        made.append(name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        return name
+
+    yield make
+    for name in made:
+        with contextlib.suppress(Exception):
+            sh("ip", "netns", "delete", name)
+
+
+@pytest.fixture
+def links() -> Iterator[Callable[[str], str]]:
+    """Register root-namespace link names the test creates (``links("npbr0")``); each is deleted at teardown."""
+    if not IS_ROOT:
+        pytest.skip("needs root: creates network links")
+    made: list[str] = []
+
+    def track(name: str) -> str:
+        made.append(name)
+        return name
+
+    yield track
+    for name in made:
+        with contextlib.suppress(Exception):
+            sh("ip", "link", "delete", name, check=False)
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[Callable[[int], str]]:
+    """Factory for loop devices over sparse files in tmp_path (``dev = loop_device(size_bytes)``)."""
+    if not IS_ROOT:
+        pytest.skip("needs root: creates loop devices")
+    made: list[str] = []
+
+    def make(size: int = 256 << 20) -> str:
+        backing = tmp_path / f"loop-{len(made)}.img"
+        with open(backing, "wb") as f:
+            f.truncate(size)
+        dev = sh("losetup", "-f", "--show", str(backing)).strip()
+        made.append(dev)
+        return dev
+
+    yield make
+    for dev in made:
+        with contextlib.suppress(Exception):
+            sh("losetup", "-d", dev, check=False)
+
+
+@pytest.fixture
+def mounts() -> Iterator[Callable[[Path], Path]]:
+    """Register mount points the test creates; each is lazily unmounted at teardown (deepest first)."""
+    made: list[Path] = []
+
+    def track(p: Path) -> Path:
+        made.append(Path(p))
+        return Path(p)
+
+    yield track
+    current = _mounts()
+    for p in sorted(made, key=lambda x: len(str(x)), reverse=True):
+        for _ in range(8):
+            if str(p) not in current:
+                break
+            sh("umount", "-l", str(p), check=False)
+            current = _mounts()
