@@ -1,0 +1,190 @@
+"""The agent: one asyncio process running the plugins the config enables.
+
+Start-up order: validate the whole config (done by the caller), start the HTTP endpoint, then each enabled plugin
+(``deviceplugin``, ``csi``, ``cni``). If a plugin fails to start, the ones already started are stopped and the agent
+exits non-zero. SIGTERM/SIGINT stop the plugins in reverse order, each giving in-flight RPCs
+``shutdown_grace_seconds``, and the agent exits 0 with its sockets removed.
+
+Reload: SIGHUP, or a change of the config file's content (checked every second; ConfigMap updates swap symlinks, so
+content is compared, not inotify events), loads the file again. An invalid file is rejected with one log line per
+problem and the running config stays. A section whose content changed is handed to its plugin's ``reload``; a plugin
+enabled or disabled is started or stopped. ``root`` and ``http`` changes need a restart and are logged as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import signal
+from pathlib import Path
+from typing import Any
+
+from nodeplug.config import AgentConfig, ConfigError, load
+from nodeplug.httpserver import HealthServer
+from nodeplug.log import get_logger
+from nodeplug.paths import Root
+from nodeplug.plugin import AgentContext, Plugin, Readiness
+
+PLUGIN_ORDER = ("deviceplugin", "csi", "cni")
+CONFIG_POLL_SECONDS = 1.0
+
+log = get_logger("agent")
+
+
+def create_plugin(name: str, section: Any, ctx: AgentContext) -> Plugin:
+    module = importlib.import_module(f"{name}.plugin")
+    plugin: Plugin = module.create(section, ctx)
+    return plugin
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, config_path: Path | None = None, root_override: Path | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.root_override = root_override
+        self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path)
+        self.plugins: dict[str, Plugin] = {}
+        self.http = HealthServer(cfg.http.host, cfg.http.port, self.ctx.metrics, self.readiness)
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self._config_digest = self._digest()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def readiness(self) -> dict[str, Readiness]:
+        out: dict[str, Readiness] = {}
+        for name, plugin in self.plugins.items():
+            try:
+                out[name] = plugin.readiness()
+            except Exception as e:  # a broken readiness() must not take /readyz down
+                out[name] = Readiness(False, f"readiness check failed: {e}")
+        return out
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    async def start(self) -> None:
+        await self.http.start()
+        try:
+            for name in PLUGIN_ORDER:
+                section = getattr(self.cfg, name)
+                if section.enabled:
+                    await self._start_plugin(name, section)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_plugin(self, name: str, section: Any) -> None:
+        plugin = create_plugin(name, section, self.ctx)
+        log.info("starting plugin", name=name)
+        try:
+            await plugin.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await plugin.stop(0)
+            raise
+        self.plugins[name] = plugin
+
+    async def stop(self) -> None:
+        grace = self.cfg.shutdown_grace_seconds
+        for name in reversed(list(self.plugins)):
+            plugin = self.plugins.pop(name)
+            log.info("stopping plugin", name=name)
+            try:
+                await asyncio.wait_for(plugin.stop(grace), grace + 10)
+            except Exception as e:
+                log.error("plugin did not stop cleanly", name=name, error=repr(e))
+        await self.http.stop()
+
+    async def run(self) -> int:
+        """Start, serve until SIGTERM/SIGINT, stop. Returns the process exit status."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        try:
+            try:
+                await self.start()
+            except Exception as e:
+                log.error("agent failed to start", error=str(e) or repr(e))
+                return 1
+            log.info("agent running", root=str(self.cfg.root), plugins=",".join(self.plugins) or "none")
+            watcher = asyncio.create_task(self._watch_config())
+            reloader = asyncio.create_task(self._reload_loop())
+            await self._stop.wait()
+            log.info("shutting down")
+            for task in (watcher, reloader):
+                task.cancel()
+            for task in (watcher, reloader):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.stop()
+            return 0
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    # ------------------------------------------------------------------ reload
+
+    def _digest(self) -> str | None:
+        if self.config_path is None:
+            return None
+        try:
+            return hashlib.sha256(self.config_path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    async def _watch_config(self) -> None:
+        if self.config_path is None:
+            return
+        while True:
+            await asyncio.sleep(CONFIG_POLL_SECONDS)
+            digest = self._digest()
+            if digest is not None and digest != self._config_digest:
+                self._reload.set()
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await self._reload.wait()
+            self._reload.clear()
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Load the config file again and apply what changed; False when the new file was rejected."""
+        self._config_digest = self._digest()
+        if self.config_path is None:
+            log.info("reload requested, but the agent runs on built-in defaults: nothing to do")
+            return True
+        try:
+            new = load(self.config_path, self.root_override)
+        except ConfigError as e:
+            log.error("new config rejected; keeping the running one", source=e.source)
+            for problem in e.problems:
+                log.error("config problem", problem=problem)
+            return False
+        for field in ("root", "http", "log_level", "shutdown_grace_seconds"):
+            if getattr(new, field) != getattr(self.cfg, field):
+                log.warning("config change needs an agent restart to take effect", field=field)
+        for name in PLUGIN_ORDER:
+            old_section, new_section = getattr(self.cfg, name), getattr(new, name)
+            if old_section == new_section:
+                continue
+            try:
+                if name in self.plugins and not new_section.enabled:
+                    log.info("plugin disabled by new config", name=name)
+                    await self.plugins.pop(name).stop(self.cfg.shutdown_grace_seconds)
+                elif name not in self.plugins and new_section.enabled:
+                    await self._start_plugin(name, new_section)
+                elif name in self.plugins:
+                    log.info("reloading plugin", name=name)
+                    await self.plugins[name].reload(new_section)
+            except Exception as e:
+                log.error("applying new config failed", name=name, error=str(e) or repr(e))
+        self.cfg = new.model_copy(update={"root": self.cfg.root, "http": self.cfg.http})
+        log.info("config reloaded", source=str(self.config_path))
+        return True

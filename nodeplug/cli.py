@@ -1,0 +1,89 @@
+"""The ``nodeplug`` command: ``agent``, ``doctor``, ``install-cni``, ``version``.
+
+Exit status: 0 success; 1 runtime failure (a plugin failed to start, a doctor check failed); 2 usage or config
+errors (one line per problem on stderr, nothing created).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nodeplug import __version__
+from nodeplug import log as logging_setup
+from nodeplug.config import ConfigError, load
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nodeplug", description="Kubernetes node agent: devices, volumes, networks.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    agent = sub.add_parser("agent", help="run the agent (device plugin, CSI driver, CNI server)")
+    agent.add_argument("--config", type=Path, help="agent config file (YAML); built-in defaults when omitted")
+    agent.add_argument("--root", type=Path, help="place every host path under this directory (overrides root:)")
+    agent.add_argument("--check-config", type=Path, metavar="FILE", help="only validate FILE and exit")
+
+    doctor = sub.add_parser("doctor", help="check this node and the running agent end to end")
+    doctor.add_argument("--config", type=Path, help="the agent's config file; built-in defaults when omitted")
+    doctor.add_argument("--root", type=Path, help="the agent's --root")
+
+    install = sub.add_parser("install-cni", help="install the CNI entry point and conflist on the host")
+    try:
+        installcni = importlib.import_module("nodeplug.installcni")
+    except ModuleNotFoundError:
+        install.set_defaults(unavailable=True)
+    else:
+        installcni.add_arguments(install)
+
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _load_or_exit(config: Path | None, root: Path | None) -> object:
+    try:
+        return load(config, root)
+    except ConfigError as e:
+        print(f"nodeplug: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"nodeplug {__version__}")
+        return 0
+    if args.command == "agent":
+        if args.check_config is not None:
+            cfg = _load_or_exit(args.check_config, args.root)
+            print(f"{args.check_config}: ok")
+            return 0
+        from nodeplug.agent import Agent
+        from nodeplug.config import AgentConfig
+
+        cfg = _load_or_exit(args.config, args.root)
+        assert isinstance(cfg, AgentConfig)
+        logging_setup.setup(cfg.log_level)
+        return asyncio.run(Agent(cfg, args.config, args.root).run())
+    if args.command == "doctor":
+        from nodeplug.config import AgentConfig
+        from nodeplug.doctor import doctor
+
+        cfg = _load_or_exit(args.config, args.root)
+        assert isinstance(cfg, AgentConfig)
+        logging_setup.setup("warning")
+        return asyncio.run(doctor(cfg, sys.stdout))
+    if args.command == "install-cni":
+        if getattr(args, "unavailable", False):
+            print("nodeplug: install-cni is not available in this build", file=sys.stderr)
+            return 2
+        status: int = importlib.import_module("nodeplug.installcni").run(args)
+        return status
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
