@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the wire contracts in proto/ (regenerate with scripts/gen-protos)."""
