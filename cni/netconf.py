@@ -1,0 +1,352 @@
+"""Network configuration: the JSON a runtime writes on stdin, parsed into frozen values.
+
+Two shapes reach the entry point:
+
+- :class:`BridgeConf` — nodeplug as the main plugin (``"type": "nodeplug"``), with the reference ``bridge`` plugin's
+  key names (bridge, mtu, isGateway, isDefaultGateway, forceAddress, ipMasq, hairpinMode, promiscMode, vlan, ipam, dns)
+  plus ``socket`` (where the agent serves thick mode);
+- :class:`IpamPluginConf` — nodeplug as *another* plugin's IPAM (the top-level ``type`` is someone else's, e.g. the
+  reference ``bridge``, and ``ipam.type`` is ``"nodeplug"``). Only the keys IPAM needs are read, so the calling
+  plugin's own fields (which may clash with ours in type) are never judged.
+
+:func:`parse` tells them apart (see :func:`is_ipam_invocation`). Unknown keys are ignored, as the spec allows; the
+keys we read are type-checked and a bad one is a code 7 error naming it: ``mtu: expected an integer from 68 to 65535,
+got "abc"``. Standard library only, and cheap: it runs on every standalone call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni.errors import DECODE_FAILURE, INVALID_NETWORK_CONFIG, CniError
+from cni.types import (
+    DNS,
+    IPAddress,
+    IPNetwork,
+    Result,
+    Route,
+    _bad,
+    parse_address,
+    parse_network,
+)
+
+PLUGIN_TYPE = "nodeplug"
+DEFAULT_BRIDGE = "nodeplug0"
+DEFAULT_SOCKET = "/run/nodeplug/cni.sock"
+DEFAULT_DATA_DIR = "/var/lib/nodeplug/ipam"
+VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
+
+_NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+_IFNAME_BAD = re.compile(r"[/:\s]")
+
+
+def check_ifname(name: str, where: str) -> str:
+    """Linux interface name rules: 1-15 bytes, no '/', ':' or whitespace, not '.' or '..'."""
+    if not name or len(name.encode()) > 15 or _IFNAME_BAD.search(name) or name in (".", ".."):
+        raise _bad(where, "an interface name of 1-15 characters without '/', ':' or spaces", name)
+    return name
+
+
+@dataclass(frozen=True)
+class RangeConf:
+    """One range of a range set: addresses ``range_start``..``range_end`` of ``subnet``; ``gateway`` is never leased."""
+
+    subnet: IPNetwork
+    range_start: IPAddress
+    range_end: IPAddress
+    gateway: IPAddress | None
+
+    def contains(self, ip: IPAddress) -> bool:
+        return ip.version == self.subnet.version and int(self.range_start) <= int(ip) <= int(self.range_end)
+
+
+@dataclass(frozen=True)
+class IpamConf:
+    """The built-in IPAM's section (``"ipam": {"type": "nodeplug", ...}``); one address is leased per range set."""
+
+    ranges: tuple[tuple[RangeConf, ...], ...]
+    routes: tuple[Route, ...] = ()
+    data_dir: str = DEFAULT_DATA_DIR
+    dns: DNS = field(default_factory=DNS)
+
+
+@dataclass(frozen=True)
+class BridgeConf:
+    name: str
+    cni_version: str
+    type: str = PLUGIN_TYPE
+    bridge: str = DEFAULT_BRIDGE
+    mtu: int | None = None
+    is_gateway: bool = False
+    is_default_gateway: bool = False
+    force_address: bool = False
+    ip_masq: bool = False
+    hairpin_mode: bool = False
+    promisc_mode: bool = False
+    vlan: int | None = None
+    ipam: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    ipam_conf: IpamConf | None = None  # parsed when ipam.type is "nodeplug"
+    dns: DNS = field(default_factory=DNS)
+    socket: str = DEFAULT_SOCKET
+    prev_result: Result | None = None
+    runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    args: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    valid_attachments: tuple[tuple[str, str], ...] | None = None  # GC only: (container_id, ifname) to keep
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ipam_type(self) -> str:
+        return str(self.ipam.get("type", ""))
+
+
+@dataclass(frozen=True)
+class IpamPluginConf:
+    """nodeplug called as another plugin's IPAM: only the keys IPAM needs."""
+
+    name: str
+    cni_version: str
+    type: str
+    ipam_conf: IpamConf
+    prev_result: Result | None = None
+    runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    args: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    valid_attachments: tuple[tuple[str, str], ...] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+NetConf = BridgeConf | IpamPluginConf
+
+
+# ---------------------------------------------------------------- field readers
+
+
+def _get_str(d: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    v = d.get(key)
+    if v is None:
+        if default is None:
+            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}{key}: required field is missing")
+        return default
+    if not isinstance(v, str):
+        raise _bad(f"{where}{key}", "a string", v)
+    return v
+
+
+def _get_bool(d: Mapping[str, Any], key: str, where: str = "") -> bool:
+    v = d.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _bad(f"{where}{key}", "true or false", v)
+    return v
+
+
+def _get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, where: str = "") -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _bad(f"{where}{key}", f"an integer from {lo} to {hi}", v)
+    return v
+
+
+def _get_obj(d: Mapping[str, Any], key: str, where: str = "") -> dict[str, Any]:
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise _bad(f"{where}{key}", "an object", v)
+    return v
+
+
+# ---------------------------------------------------------------- IPAM section
+
+
+def _parse_range(d: Any, where: str) -> RangeConf:
+    if not isinstance(d, dict):
+        raise _bad(where, "an object with subnet (and optional rangeStart, rangeEnd, gateway)", d)
+    if "subnet" not in d:
+        raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.subnet: required field is missing")
+    subnet = parse_network(d["subnet"], f"{where}.subnet")
+    if subnet.prefixlen > subnet.max_prefixlen - 2:
+        raise _bad(f"{where}.subnet", "a network of at least 4 addresses (/30 or /126 at most)", d["subnet"])
+    first = subnet.network_address + 1
+    last = subnet.broadcast_address - 1 if subnet.version == 4 else subnet.broadcast_address
+
+    def addr(key: str, default: IPAddress | None) -> IPAddress | None:
+        v = d.get(key)
+        if v in (None, ""):
+            return default
+        ip = parse_address(v, f"{where}.{key}")
+        if ip not in subnet:
+            raise _bad(f"{where}.{key}", f"an address inside {subnet}", v)
+        return ip
+
+    start = addr("rangeStart", first)
+    end = addr("rangeEnd", last)
+    gateway = addr("gateway", first)
+    assert start is not None and end is not None
+    if int(start) < int(first) or int(start) > int(last):
+        raise _bad(f"{where}.rangeStart", f"an assignable address of {subnet} ({first}-{last})", str(start))
+    if int(end) < int(start) or int(end) > int(last):
+        raise _bad(
+            f"{where}.rangeEnd", f"an assignable address of {subnet} from rangeStart {start} to {last}", str(end)
+        )
+    return RangeConf(subnet, start, end, gateway)
+
+
+def _overlap(a: RangeConf, b: RangeConf) -> bool:
+    return a.subnet.version == b.subnet.version and not (
+        int(a.range_end) < int(b.range_start) or int(b.range_end) < int(a.range_start)
+    )
+
+
+def parse_ipam(d: Mapping[str, Any], where: str = "ipam") -> IpamConf:
+    """The ``ipam`` section when its type is ``nodeplug``; host-local's single-range shorthand is accepted."""
+    raw_sets = d.get("ranges")
+    if raw_sets is None and "subnet" in d:
+        raw_sets = [[{k: d[k] for k in ("subnet", "rangeStart", "rangeEnd", "gateway") if k in d}]]
+    if not isinstance(raw_sets, list) or not raw_sets:
+        raise _bad(f"{where}.ranges", 'a non-empty list of range sets like [[{"subnet": "10.22.0.0/16"}]]', raw_sets)
+    sets: list[tuple[RangeConf, ...]] = []
+    for i, rs in enumerate(raw_sets):
+        if not isinstance(rs, list) or not rs:
+            raise _bad(f"{where}.ranges[{i}]", "a non-empty list of ranges", rs)
+        ranges = tuple(_parse_range(r, f"{where}.ranges[{i}][{j}]") for j, r in enumerate(rs))
+        for j, r in enumerate(ranges):
+            if r.subnet.version != ranges[0].subnet.version:
+                raise _bad(
+                    f"{where}.ranges[{i}][{j}].subnet", f"an IPv{ranges[0].subnet.version} network", str(r.subnet)
+                )
+        sets.append(ranges)
+    flat = [(i, j, r) for i, rs in enumerate(sets) for j, r in enumerate(rs)]
+    for n, (i, j, r) in enumerate(flat):
+        for i2, j2, r2 in flat[n + 1 :]:
+            if _overlap(r, r2):
+                raise CniError(
+                    INVALID_NETWORK_CONFIG,
+                    details=f"{where}.ranges[{i2}][{j2}]: overlaps {where}.ranges[{i}][{j}] ({r.subnet})",
+                )
+    raw_routes = d.get("routes") or []
+    if not isinstance(raw_routes, list):
+        raise _bad(f"{where}.routes", "a list of routes", raw_routes)
+    routes = tuple(Route.from_dict(r, f"{where}.routes[{k}]") for k, r in enumerate(raw_routes))
+    data_dir = _get_str(d, "dataDir", f"{where}.", DEFAULT_DATA_DIR)
+    if not data_dir.startswith("/"):
+        raise _bad(f"{where}.dataDir", "an absolute path", data_dir)
+    return IpamConf(tuple(sets), routes, data_dir, DNS.from_dict(d.get("dns"), f"{where}.dns"))
+
+
+# ---------------------------------------------------------------- top level
+
+
+def _common(d: Mapping[str, Any]) -> tuple[str, str, Result | None, dict[str, Any], dict[str, Any], Any]:
+    version = _get_str(d, "cniVersion", "")
+    name = _get_str(d, "name", "")
+    if not _NETWORK_NAME.match(name):
+        raise _bad("name", "a network name of letters, digits, '_', '.' and '-' starting with a letter or digit", name)
+    prev = d.get("prevResult")
+    prev_result = Result.from_dict(prev, "prevResult") if prev is not None else None
+    return (
+        version,
+        name,
+        prev_result,
+        _get_obj(d, "runtimeConfig"),
+        _get_obj(d, "args"),
+        _valid_attachments(d.get(VALID_ATTACHMENTS_KEY)),
+    )
+
+
+def _valid_attachments(v: Any) -> tuple[tuple[str, str], ...] | None:
+    if v is None:
+        return None
+    where = VALID_ATTACHMENTS_KEY
+    if not isinstance(v, list):
+        raise _bad(where, 'a list of {"containerID", "ifname"} objects', v)
+    out = []
+    for i, a in enumerate(v):
+        if not isinstance(a, dict):
+            raise _bad(f"{where}[{i}]", 'an object {"containerID", "ifname"}', a)
+        out.append((_get_str(a, "containerID", f"{where}[{i}]."), _get_str(a, "ifname", f"{where}[{i}].")))
+    return tuple(out)
+
+
+def is_ipam_invocation(d: Mapping[str, Any]) -> bool:
+    """Called as another plugin's IPAM: the top-level type is not ours while ``ipam.type`` is."""
+    ipam = d.get("ipam")
+    return d.get("type") != PLUGIN_TYPE and isinstance(ipam, dict) and ipam.get("type") == PLUGIN_TYPE
+
+
+def decode(data: bytes | str) -> dict[str, Any]:
+    """Bytes from stdin -> a JSON object (code 6 when it is not one)."""
+    try:
+        d = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CniError(DECODE_FAILURE, details=f"network config on stdin is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise CniError(DECODE_FAILURE, details=f"network config on stdin must be a JSON object, got {type(d).__name__}")
+    return d
+
+
+def parse(d: Mapping[str, Any]) -> NetConf:
+    """A decoded config -> :class:`BridgeConf` or, for an IPAM invocation, :class:`IpamPluginConf`."""
+    if is_ipam_invocation(d):
+        return parse_ipam_plugin(d)
+    return parse_bridge(d)
+
+
+def parse_ipam_plugin(d: Mapping[str, Any]) -> IpamPluginConf:
+    version, name, prev, rc, args, valid = _common(d)
+    ipam = _get_obj(d, "ipam")
+    return IpamPluginConf(
+        name=name,
+        cni_version=version,
+        type=_get_str(d, "type", "", ""),
+        ipam_conf=parse_ipam(ipam),
+        prev_result=prev,
+        runtime_config=rc,
+        args=args,
+        valid_attachments=valid,
+        raw=d,
+    )
+
+
+def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
+    version, name, prev, rc, args, valid = _common(d)
+    ipam = _get_obj(d, "ipam")
+    ipam_type = ipam.get("type")
+    if ipam and not isinstance(ipam_type, str):
+        raise _bad("ipam.type", 'a plugin name like "nodeplug" or "host-local"', ipam_type)
+    if ipam_type is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", ipam_type):
+        raise _bad("ipam.type", "a plugin file name (no '/')", ipam_type)
+    bridge = check_ifname(_get_str(d, "bridge", "", DEFAULT_BRIDGE), "bridge")
+    socket = _get_str(d, "socket", "", DEFAULT_SOCKET)
+    if not socket.startswith("/"):
+        raise _bad("socket", "an absolute path to the agent's CNI socket", socket)
+    is_default_gateway = _get_bool(d, "isDefaultGateway")
+    return BridgeConf(
+        name=name,
+        cni_version=version,
+        type=_get_str(d, "type", "", PLUGIN_TYPE),
+        bridge=bridge,
+        mtu=_get_int(d, "mtu", 68, 65535),
+        is_gateway=_get_bool(d, "isGateway") or is_default_gateway,
+        is_default_gateway=is_default_gateway,
+        force_address=_get_bool(d, "forceAddress"),
+        ip_masq=_get_bool(d, "ipMasq"),
+        hairpin_mode=_get_bool(d, "hairpinMode"),
+        promisc_mode=_get_bool(d, "promiscMode"),
+        vlan=_get_int(d, "vlan", 0, 4094),
+        ipam=ipam,
+        ipam_conf=parse_ipam(ipam) if ipam_type == PLUGIN_TYPE else None,
+        dns=DNS.from_dict(d.get("dns")),
+        socket=socket,
+        prev_result=prev,
+        runtime_config=rc,
+        args=args,
+        valid_attachments=valid,
+        raw=d,
+    )

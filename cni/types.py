@@ -1,0 +1,285 @@
+"""CNI result values (spec 1.1.0 "Success" shape) as frozen dataclasses.
+
+``Result.to_dict`` / ``Result.from_dict`` speak the 1.x wire shape (1.1.0 fields included); conversion to and from
+the older result versions (0.3.0, 0.3.1, 0.4.0) lives in :mod:`cni.versions` only. ``from_dict`` validates types and
+raises :class:`cni.errors.CniError` (code 7, naming the field) so a malformed ``prevResult`` is reported precisely.
+
+This module is on the entry point's start-up path: standard library only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni.errors import INVALID_NETWORK_CONFIG, CniError
+
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _bad(where: str, expected: str, got: Any) -> CniError:
+    return CniError(INVALID_NETWORK_CONFIG, details=f"{where}: expected {expected}, got {_show(got)}")
+
+
+def _show(value: Any) -> str:
+    import json
+
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _str(d: Mapping[str, Any], key: str, where: str, required: bool = False) -> str:
+    v = d.get(key)
+    if v is None:
+        if required:
+            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.{key}: required field is missing")
+        return ""
+    if not isinstance(v, str):
+        raise _bad(f"{where}.{key}", "a string", v)
+    return v
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, lo: int, hi: int) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _bad(f"{where}.{key}", f"an integer from {lo} to {hi}", v)
+    return v
+
+
+def parse_interface_address(v: Any, where: str) -> IPInterface:
+    """``"10.1.0.5/24"`` (an address with its prefix length) -> IPv4Interface / IPv6Interface."""
+    if not isinstance(v, str) or "/" not in v:
+        raise _bad(where, "an address in CIDR notation like 10.22.0.5/24", v)
+    try:
+        return ipaddress.ip_interface(v)
+    except ValueError:
+        raise _bad(where, "an address in CIDR notation like 10.22.0.5/24", v) from None
+
+
+def parse_address(v: Any, where: str) -> IPAddress:
+    if not isinstance(v, str):
+        raise _bad(where, "an IP address", v)
+    try:
+        return ipaddress.ip_address(v)
+    except ValueError:
+        raise _bad(where, "an IP address", v) from None
+
+
+def parse_network(v: Any, where: str) -> IPNetwork:
+    """A destination like ``"0.0.0.0/0"``; host bits are allowed and masked off (as the Go reference does)."""
+    if not isinstance(v, str) or "/" not in v:
+        raise _bad(where, "a network in CIDR notation like 10.22.0.0/16", v)
+    try:
+        return ipaddress.ip_network(v, strict=False)
+    except ValueError:
+        raise _bad(where, "a network in CIDR notation like 10.22.0.0/16", v) from None
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    mac: str = ""
+    sandbox: str = ""
+    mtu: int | None = None
+    socket_path: str = ""
+    pci_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.mac:
+            out["mac"] = self.mac
+        if self.mtu is not None:
+            out["mtu"] = self.mtu
+        if self.sandbox:
+            out["sandbox"] = self.sandbox
+        if self.socket_path:
+            out["socketPath"] = self.socket_path
+        if self.pci_id:
+            out["pciID"] = self.pci_id
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "interfaces[0]") -> Interface:
+        if not isinstance(d, dict):
+            raise _bad(where, "an object", d)
+        return cls(
+            name=_str(d, "name", where, required=True),
+            mac=_str(d, "mac", where),
+            sandbox=_str(d, "sandbox", where),
+            mtu=_int(d, "mtu", where, 0, 65535),
+            socket_path=_str(d, "socketPath", where),
+            pci_id=_str(d, "pciID", where),
+        )
+
+
+@dataclass(frozen=True)
+class IPConfig:
+    address: IPInterface
+    gateway: IPAddress | None = None
+    interface: int | None = None
+
+    @property
+    def version(self) -> int:
+        return self.address.version
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"address": str(self.address)}
+        if self.gateway is not None:
+            out["gateway"] = str(self.gateway)
+        if self.interface is not None:
+            out["interface"] = self.interface
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "ips[0]") -> IPConfig:
+        if not isinstance(d, dict):
+            raise _bad(where, "an object", d)
+        if "address" not in d:
+            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.address: required field is missing")
+        address = parse_interface_address(d["address"], f"{where}.address")
+        gw = d.get("gateway")
+        gateway = parse_address(gw, f"{where}.gateway") if gw not in (None, "") else None
+        if gateway is not None and gateway.version != address.version:
+            raise _bad(f"{where}.gateway", f"an IPv{address.version} address like the address", gw)
+        return cls(address, gateway, _int(d, "interface", where, 0, 1 << 31))
+
+
+@dataclass(frozen=True)
+class Route:
+    dst: IPNetwork
+    gw: IPAddress | None = None
+    mtu: int | None = None
+    advmss: int | None = None
+    priority: int | None = None
+    table: int | None = None
+    scope: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dst": str(self.dst)}
+        if self.gw is not None:
+            out["gw"] = str(self.gw)
+        for key in ("mtu", "advmss", "priority", "table", "scope"):
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "routes[0]") -> Route:
+        if not isinstance(d, dict):
+            raise _bad(where, "an object", d)
+        if "dst" not in d:
+            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.dst: required field is missing")
+        dst = parse_network(d["dst"], f"{where}.dst")
+        gw_raw = d.get("gw")
+        gw = parse_address(gw_raw, f"{where}.gw") if gw_raw not in (None, "") else None
+        if gw is not None and gw.version != dst.version:
+            raise _bad(f"{where}.gw", f"an IPv{dst.version} address like dst", gw_raw)
+        return cls(
+            dst,
+            gw,
+            mtu=_int(d, "mtu", where, 0, 65535),
+            advmss=_int(d, "advmss", where, 0, 65535),
+            priority=_int(d, "priority", where, 0, (1 << 32) - 1),
+            table=_int(d, "table", where, 0, (1 << 32) - 1),
+            scope=_int(d, "scope", where, 0, 255),
+        )
+
+
+@dataclass(frozen=True)
+class DNS:
+    nameservers: tuple[str, ...] = ()
+    domain: str = ""
+    search: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.nameservers or self.domain or self.search or self.options)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.nameservers:
+            out["nameservers"] = list(self.nameservers)
+        if self.domain:
+            out["domain"] = self.domain
+        if self.search:
+            out["search"] = list(self.search)
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "dns") -> DNS:
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise _bad(where, "an object", d)
+
+        def strings(key: str) -> tuple[str, ...]:
+            v = d.get(key)
+            if v is None:
+                return ()
+            if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+                raise _bad(f"{where}.{key}", "a list of strings", v)
+            return tuple(v)
+
+        return cls(strings("nameservers"), _str(d, "domain", where), strings("search"), strings("options"))
+
+
+@dataclass(frozen=True)
+class Result:
+    """A CNI success result, held in the 1.x shape whatever version it was read from or will be written as."""
+
+    cni_version: str = "1.1.0"
+    interfaces: tuple[Interface, ...] = ()
+    ips: tuple[IPConfig, ...] = ()
+    routes: tuple[Route, ...] = ()
+    dns: DNS = field(default_factory=DNS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The 1.x wire shape (what 1.0.0 and 1.1.0 print); see :func:`cni.versions.result_to_version`."""
+        out: dict[str, Any] = {"cniVersion": self.cni_version}
+        if self.interfaces:
+            out["interfaces"] = [i.to_dict() for i in self.interfaces]
+        if self.ips:
+            out["ips"] = [ip.to_dict() for ip in self.ips]
+        if self.routes:
+            out["routes"] = [r.to_dict() for r in self.routes]
+        out["dns"] = self.dns.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "prevResult") -> Result:
+        """Read a 1.x-shaped result (older shapes differ only in fields this ignores: ``ips[].version``)."""
+        if not isinstance(d, dict):
+            raise _bad(where, "an object", d)
+
+        def items(key: str) -> Sequence[Any]:
+            v = d.get(key)
+            if v is None:
+                return []
+            if not isinstance(v, list):
+                raise _bad(f"{where}.{key}", "a list", v)
+            return v
+
+        version = d.get("cniVersion", "1.1.0")
+        if not isinstance(version, str):
+            raise _bad(f"{where}.cniVersion", "a version string", version)
+        interfaces = tuple(
+            Interface.from_dict(x, f"{where}.interfaces[{i}]") for i, x in enumerate(items("interfaces"))
+        )
+        ips = tuple(IPConfig.from_dict(x, f"{where}.ips[{i}]") for i, x in enumerate(items("ips")))
+        for i, ip in enumerate(ips):
+            if ip.interface is not None and ip.interface >= len(interfaces):
+                raise _bad(f"{where}.ips[{i}].interface", f"an index below {len(interfaces)}", ip.interface)
+        routes = tuple(Route.from_dict(x, f"{where}.routes[{i}]") for i, x in enumerate(items("routes")))
+        return cls(version, interfaces, ips, routes, DNS.from_dict(d.get("dns"), f"{where}.dns"))
