@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TextIO
 
 from nodeplug import paths
-from nodeplug.checks import Check, CheckFailed, CheckResult, CheckSkipped
+from nodeplug.checks import Check, CheckFailed, CheckResult, CheckSkipped, CheckWarning
 from nodeplug.commands import CommandError, arun
 from nodeplug.config import AgentConfig
 from nodeplug.plugin import AgentContext
@@ -105,7 +105,12 @@ def node_checks(cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
         try:
             body = await asyncio.to_thread(_get, base + "/readyz")
         except urllib.error.HTTPError as e:
-            raise CheckFailed(f"/readyz {e.code}: {e.read().decode(errors='replace').strip()}") from None
+            body = e.read().decode(errors="replace").strip().replace("\n", "; ")
+            if not ctx.root(paths.KUBELET_SOCKET).exists():
+                raise CheckWarning(
+                    f"/readyz {e.code} (no kubelet on this root, nothing to register with): {body}"
+                ) from None
+            raise CheckFailed(f"/readyz {e.code}: {body}") from None
         return "healthz ok; readyz: " + body.strip().replace("\n", "; ")
 
     checks.append(health)
@@ -174,6 +179,8 @@ async def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) ->
             status = "ok"
         except CheckSkipped as e:
             status, detail = "skip", str(e)
+        except CheckWarning as e:
+            status, detail = "warn", str(e)
         except CheckFailed as e:
             status, detail = "fail", str(e)
         except CommandError as e:
@@ -194,8 +201,9 @@ def print_table(results: Sequence[CheckResult], out: TextIO) -> None:
         out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4] + "\n")
     failed = sum(r.status == "fail" for r in results)
     skipped = sum(r.status == "skip" for r in results)
-    passed = len(results) - failed - skipped
-    out.write(f"\n{passed} ok, {failed} failed, {skipped} skipped\n")
+    warned = sum(r.status == "warn" for r in results)
+    passed = len(results) - failed - skipped - warned
+    out.write(f"\n{passed} ok, {warned} warnings, {failed} failed, {skipped} skipped\n")
 
 
 async def doctor(cfg: AgentConfig, out: TextIO) -> int:
