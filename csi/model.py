@@ -1,0 +1,133 @@
+"""Values of the CSI core: volumes, snapshots, group snapshots, stage and publish records, and id validation.
+
+All are frozen dataclasses; the state store persists them and the servicers translate them to and from csi.v1
+messages. Volume and snapshot ids are minted by the driver ("vol-"/"snap-"/"group-" + 32 hex digits) and checked with
+:func:`validate_id` wherever one arrives from a caller, so an id can always be used as a file name under the data dir.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from csi.errors import InvalidArgument
+
+Backend = Literal["loopfile", "btrfs"]
+AccessType = Literal["mount", "block"]
+BACKENDS: tuple[str, ...] = ("loopfile", "btrfs")
+FS_TYPES: tuple[str, ...] = ("ext4", "xfs", "btrfs")
+
+MAX_ID_LEN = 128
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def validate_id(kind: str, value: str) -> str:
+    """Return ``value`` if it is a safe id (``kind`` names the field in the error); raise InvalidArgument otherwise.
+
+    Safe: 1..128 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit, never containing ``..``; so it
+    holds no ``/``, no NUL and cannot climb out of a directory when used as a file name.
+    """
+    if not value:
+        raise InvalidArgument(f"{kind}: required field is missing")
+    if len(value) > MAX_ID_LEN:
+        raise InvalidArgument(f"{kind}: expected at most {MAX_ID_LEN} characters, got {len(value)}")
+    if not _ID_RE.fullmatch(value) or ".." in value:
+        raise InvalidArgument(
+            f"{kind}: expected letters, digits, '.', '_' or '-' (no '/', no '..'), got {value[:MAX_ID_LEN]!r}"
+        )
+    return value
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id such as ``vol-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A provisioned volume.
+
+    ``path`` is the backing file (loopfile, and btrfs block mode) or the btrfs subvolume directory (btrfs mount mode).
+    ``fs_type`` is "" for block volumes. ``parameters`` are the StorageClass parameters it was created with.
+    """
+
+    volume_id: str
+    name: str
+    capacity_bytes: int
+    backend: Backend
+    access_type: AccessType
+    fs_type: str
+    path: str
+    source_snapshot_id: str = ""
+    source_volume_id: str = ""
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    ephemeral: bool = False
+    created_at: float = 0.0
+
+    @property
+    def is_block(self) -> bool:
+        return self.access_type == "block"
+
+    @property
+    def is_subvolume(self) -> bool:
+        """True when the volume is a btrfs subvolume: bind-mounted from ``path``, no loop device, no mkfs.
+
+        Every other volume is a backing file at ``path`` (formatted with ``fs_type`` in mount mode) used through a
+        loop device, on either backend.
+        """
+        return self.backend == "btrfs" and self.access_type == "mount" and self.fs_type == "btrfs"
+
+
+@dataclass(frozen=True)
+class VolumeSource:
+    """Where a new volume's content comes from: a snapshot (``kind="snapshot"``) or a volume (``"volume"``)."""
+
+    kind: Literal["snapshot", "volume"]
+    id: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A point-in-time copy of a volume: a file copy (loopfile, btrfs block) or a read-only btrfs subvolume."""
+
+    snapshot_id: str
+    name: str
+    source_volume_id: str
+    size_bytes: int
+    path: str
+    created_at: float
+    ready_to_use: bool = True
+    group_snapshot_id: str = ""
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    """Snapshots of several volumes taken together (CSI GroupController)."""
+
+    group_snapshot_id: str
+    name: str
+    snapshot_ids: tuple[str, ...]
+    created_at: float
+    ready_to_use: bool = True
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """A volume staged on this node: its staging path and the device used (loop device, or "" for a subvolume)."""
+
+    volume_id: str
+    staging_path: str
+    device: str
+
+
+@dataclass(frozen=True)
+class PublishRecord:
+    """A volume published to a target path (bind mount of the staging path or device)."""
+
+    volume_id: str
+    target_path: str
+    readonly: bool
+    staging_path: str

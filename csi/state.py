@@ -1,0 +1,411 @@
+"""Crash-safe state of the CSI driver in SQLite: volumes, snapshots, group snapshots, stage and publish records.
+
+Design:
+
+- WAL journal, ``synchronous=FULL``: a change is on disk when its call returns. A kill -9 loses nothing even with
+  NORMAL, but the store records host objects (backing files, subvolumes) that the driver just made, and losing the
+  newest records on power loss would orphan them; volume operations are rare and slow next to one fsync, so FULL.
+- One transaction per change (``with conn:``); writers never hold a transaction across a command, so a crash leaves
+  either the old or the new row.
+- Safe for threads: one connection per thread (``threading.local``), SQLite's own locking between them and between
+  processes (``busy_timeout``), so the servicers can call it from ``asyncio.to_thread`` workers.
+- Pagination tokens are the decimal row sequence number to resume from; anything else raises :class:`Aborted`
+  (the CSI spec's answer to an invalid ``starting_token``). Rows deleted between pages do not break a token.
+
+Constructed as ``StateStore(root(config.data_dir) / "state.db")``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
+
+from csi.errors import Aborted
+from csi.model import AccessType, Backend, GroupSnapshot, PublishRecord, Snapshot, StageRecord, Volume
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS volumes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    volume_id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL UNIQUE,
+    capacity_bytes INTEGER NOT NULL,
+    backend TEXT NOT NULL,
+    access_type TEXT NOT NULL,
+    fs_type TEXT NOT NULL,
+    path TEXT NOT NULL,
+    source_snapshot_id TEXT NOT NULL DEFAULT '',
+    source_volume_id TEXT NOT NULL DEFAULT '',
+    parameters TEXT NOT NULL DEFAULT '{}',
+    ephemeral INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    snapshot_id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL UNIQUE,
+    source_volume_id TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ready_to_use INTEGER NOT NULL DEFAULT 1,
+    group_snapshot_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS snapshots_source ON snapshots(source_volume_id);
+CREATE TABLE IF NOT EXISTS group_snapshots (
+    group_snapshot_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    snapshot_ids TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ready_to_use INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS stages (
+    volume_id TEXT PRIMARY KEY,
+    staging_path TEXT NOT NULL,
+    device TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS publishes (
+    volume_id TEXT NOT NULL,
+    target_path TEXT NOT NULL,
+    readonly INTEGER NOT NULL,
+    staging_path TEXT NOT NULL,
+    PRIMARY KEY (volume_id, target_path)
+);
+"""
+
+_VOL_COLS = (
+    "volume_id, name, capacity_bytes, backend, access_type, fs_type, path, source_snapshot_id, source_volume_id,"
+    " parameters, ephemeral, created_at"
+)
+_SNAP_COLS = "snapshot_id, name, source_volume_id, size_bytes, path, created_at, ready_to_use, group_snapshot_id"
+
+
+def _volume(row: sqlite3.Row) -> Volume:
+    return Volume(
+        volume_id=row["volume_id"],
+        name=row["name"],
+        capacity_bytes=row["capacity_bytes"],
+        backend=cast(Backend, row["backend"]),
+        access_type=cast(AccessType, row["access_type"]),
+        fs_type=row["fs_type"],
+        path=row["path"],
+        source_snapshot_id=row["source_snapshot_id"],
+        source_volume_id=row["source_volume_id"],
+        parameters=json.loads(row["parameters"]),
+        ephemeral=bool(row["ephemeral"]),
+        created_at=row["created_at"],
+    )
+
+
+def _snapshot(row: sqlite3.Row) -> Snapshot:
+    return Snapshot(
+        snapshot_id=row["snapshot_id"],
+        name=row["name"],
+        source_volume_id=row["source_volume_id"],
+        size_bytes=row["size_bytes"],
+        path=row["path"],
+        created_at=row["created_at"],
+        ready_to_use=bool(row["ready_to_use"]),
+        group_snapshot_id=row["group_snapshot_id"],
+    )
+
+
+def _group(row: sqlite3.Row) -> GroupSnapshot:
+    return GroupSnapshot(
+        group_snapshot_id=row["group_snapshot_id"],
+        name=row["name"],
+        snapshot_ids=tuple(json.loads(row["snapshot_ids"])),
+        created_at=row["created_at"],
+        ready_to_use=bool(row["ready_to_use"]),
+    )
+
+
+def _start_seq(token: str) -> int:
+    if not token:
+        return 0
+    if not token.isdigit() or len(token) > 18:
+        raise Aborted(f"starting_token: not a token this driver issued, got {token[:64]!r}")
+    return int(token)
+
+
+class StateStore:
+    """SQLite-backed store; every public method is one transaction and safe to call from any thread."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        conn = self._conn()
+        with conn:
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # ------------------------------------------------------------ connections
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE so concurrent writers queue instead of failing to upgrade)."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _one(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self._conn().execute(sql, args).fetchone()
+        return row
+
+    def close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            c.close()
+        self._local = threading.local()
+
+    # ------------------------------------------------------------ volumes
+
+    def get_volume(self, volume_id: str) -> Volume | None:
+        row = self._one(f"SELECT {_VOL_COLS} FROM volumes WHERE volume_id = ?", (volume_id,))
+        return _volume(row) if row else None
+
+    def get_volume_by_name(self, name: str) -> Volume | None:
+        row = self._one(f"SELECT {_VOL_COLS} FROM volumes WHERE name = ?", (name,))
+        return _volume(row) if row else None
+
+    def put_volume(self, v: Volume) -> None:
+        """Insert or replace (by volume_id) a volume; its list position is kept on replace."""
+        args = (
+            v.volume_id,
+            v.name,
+            v.capacity_bytes,
+            v.backend,
+            v.access_type,
+            v.fs_type,
+            v.path,
+            v.source_snapshot_id,
+            v.source_volume_id,
+            json.dumps(dict(v.parameters), sort_keys=True),
+            int(v.ephemeral),
+            v.created_at,
+        )
+        with self._tx() as c:
+            c.execute(
+                f"INSERT INTO volumes ({_VOL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(volume_id) DO UPDATE"
+                " SET name=excluded.name, capacity_bytes=excluded.capacity_bytes, backend=excluded.backend,"
+                " access_type=excluded.access_type, fs_type=excluded.fs_type, path=excluded.path,"
+                " source_snapshot_id=excluded.source_snapshot_id, source_volume_id=excluded.source_volume_id,"
+                " parameters=excluded.parameters, ephemeral=excluded.ephemeral, created_at=excluded.created_at",
+                args,
+            )
+
+    def delete_volume(self, volume_id: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM volumes WHERE volume_id = ?", (volume_id,)).rowcount > 0
+
+    def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> tuple[list[Volume], str]:
+        """A page of volumes in creation order and the token for the next page ("" when this is the last)."""
+        start = _start_seq(starting_token)
+        limit = max_entries if max_entries > 0 else -1
+        rows = (
+            self._conn()
+            .execute(f"SELECT seq, {_VOL_COLS} FROM volumes WHERE seq >= ? ORDER BY seq LIMIT ?", (start, limit))
+            .fetchall()
+        )
+        return [_volume(r) for r in rows], self._next_token("volumes", rows, max_entries)
+
+    def _next_token(self, table: str, rows: list[sqlite3.Row], max_entries: int) -> str:
+        if max_entries <= 0 or len(rows) < max_entries:
+            return ""
+        last = int(rows[-1]["seq"])
+        more = self._one(f"SELECT seq FROM {table} WHERE seq > ? ORDER BY seq LIMIT 1", (last,))
+        return str(int(more["seq"])) if more else ""
+
+    def count_volumes(self) -> int:
+        row = self._one("SELECT COUNT(*) AS n FROM volumes", ())
+        return int(row["n"]) if row else 0
+
+    # ------------------------------------------------------------ snapshots
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        row = self._one(f"SELECT {_SNAP_COLS} FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
+        return _snapshot(row) if row else None
+
+    def get_snapshot_by_name(self, name: str) -> Snapshot | None:
+        row = self._one(f"SELECT {_SNAP_COLS} FROM snapshots WHERE name = ?", (name,))
+        return _snapshot(row) if row else None
+
+    def put_snapshot(self, s: Snapshot) -> None:
+        args = (
+            s.snapshot_id,
+            s.name,
+            s.source_volume_id,
+            s.size_bytes,
+            s.path,
+            s.created_at,
+            int(s.ready_to_use),
+            s.group_snapshot_id,
+        )
+        with self._tx() as c:
+            c.execute(
+                f"INSERT INTO snapshots ({_SNAP_COLS}) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(snapshot_id) DO UPDATE"
+                " SET name=excluded.name, source_volume_id=excluded.source_volume_id,"
+                " size_bytes=excluded.size_bytes, path=excluded.path, created_at=excluded.created_at,"
+                " ready_to_use=excluded.ready_to_use, group_snapshot_id=excluded.group_snapshot_id",
+                args,
+            )
+
+    def delete_snapshot(self, snapshot_id: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)).rowcount > 0
+
+    def list_snapshots(
+        self, max_entries: int = 0, starting_token: str = "", source_volume_id: str = ""
+    ) -> tuple[list[Snapshot], str]:
+        """A page of snapshots (optionally only those of one source volume) and the next page's token."""
+        start = _start_seq(starting_token)
+        limit = max_entries if max_entries > 0 else -1
+        where, args = "seq >= ?", [start]
+        if source_volume_id:
+            where += " AND source_volume_id = ?"
+            args.append(source_volume_id)  # type: ignore[arg-type]
+        rows = (
+            self._conn()
+            .execute(f"SELECT seq, {_SNAP_COLS} FROM snapshots WHERE {where} ORDER BY seq LIMIT ?", (*args, limit))
+            .fetchall()
+        )
+        token = ""
+        if max_entries > 0 and len(rows) == max_entries:
+            last = int(rows[-1]["seq"])
+            more_args: list[Any] = [last]
+            more_where = "seq > ?"
+            if source_volume_id:
+                more_where += " AND source_volume_id = ?"
+                more_args.append(source_volume_id)
+            more = self._one(f"SELECT seq FROM snapshots WHERE {more_where} ORDER BY seq LIMIT 1", tuple(more_args))
+            token = str(int(more["seq"])) if more else ""
+        return [_snapshot(r) for r in rows], token
+
+    def snapshots_of(self, source_volume_id: str) -> list[Snapshot]:
+        return self.list_snapshots(source_volume_id=source_volume_id)[0]
+
+    # ------------------------------------------------------------ group snapshots
+
+    def get_group_snapshot(self, group_snapshot_id: str) -> GroupSnapshot | None:
+        row = self._one("SELECT * FROM group_snapshots WHERE group_snapshot_id = ?", (group_snapshot_id,))
+        return _group(row) if row else None
+
+    def get_group_snapshot_by_name(self, name: str) -> GroupSnapshot | None:
+        row = self._one("SELECT * FROM group_snapshots WHERE name = ?", (name,))
+        return _group(row) if row else None
+
+    def put_group_snapshot(self, g: GroupSnapshot, members: list[Snapshot]) -> None:
+        """Record a group snapshot and all its member snapshots in one transaction."""
+        with self._tx() as c:
+            for s in members:
+                c.execute(
+                    f"INSERT OR REPLACE INTO snapshots ({_SNAP_COLS}) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        s.snapshot_id,
+                        s.name,
+                        s.source_volume_id,
+                        s.size_bytes,
+                        s.path,
+                        s.created_at,
+                        int(s.ready_to_use),
+                        s.group_snapshot_id,
+                    ),
+                )
+            c.execute(
+                "INSERT OR REPLACE INTO group_snapshots (group_snapshot_id, name, snapshot_ids, created_at,"
+                " ready_to_use) VALUES (?,?,?,?,?)",
+                (g.group_snapshot_id, g.name, json.dumps(list(g.snapshot_ids)), g.created_at, int(g.ready_to_use)),
+            )
+
+    def delete_group_snapshot(self, group_snapshot_id: str) -> bool:
+        with self._tx() as c:
+            return (
+                c.execute("DELETE FROM group_snapshots WHERE group_snapshot_id = ?", (group_snapshot_id,)).rowcount > 0
+            )
+
+    # ------------------------------------------------------------ stage records
+
+    def put_stage(self, r: StageRecord) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO stages (volume_id, staging_path, device) VALUES (?,?,?)",
+                (r.volume_id, r.staging_path, r.device),
+            )
+
+    def get_stage(self, volume_id: str) -> StageRecord | None:
+        row = self._one("SELECT volume_id, staging_path, device FROM stages WHERE volume_id = ?", (volume_id,))
+        return StageRecord(row["volume_id"], row["staging_path"], row["device"]) if row else None
+
+    def delete_stage(self, volume_id: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM stages WHERE volume_id = ?", (volume_id,)).rowcount > 0
+
+    def list_stages(self) -> list[StageRecord]:
+        rows = self._conn().execute("SELECT volume_id, staging_path, device FROM stages ORDER BY volume_id")
+        return [StageRecord(r["volume_id"], r["staging_path"], r["device"]) for r in rows]
+
+    # ------------------------------------------------------------ publish records
+
+    def put_publish(self, r: PublishRecord) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO publishes (volume_id, target_path, readonly, staging_path) VALUES (?,?,?,?)",
+                (r.volume_id, r.target_path, int(r.readonly), r.staging_path),
+            )
+
+    def get_publish(self, volume_id: str, target_path: str) -> PublishRecord | None:
+        row = self._one(
+            "SELECT * FROM publishes WHERE volume_id = ? AND target_path = ?",
+            (volume_id, target_path),
+        )
+        return _publish(row) if row else None
+
+    def list_publishes(self, volume_id: str = "") -> list[PublishRecord]:
+        """Publish records of one volume, or of all volumes when ``volume_id`` is empty."""
+        if volume_id:
+            rows = self._conn().execute(
+                "SELECT * FROM publishes WHERE volume_id = ? ORDER BY target_path", (volume_id,)
+            )
+        else:
+            rows = self._conn().execute("SELECT * FROM publishes ORDER BY volume_id, target_path")
+        return [_publish(r) for r in rows]
+
+    def delete_publish(self, volume_id: str, target_path: str) -> bool:
+        with self._tx() as c:
+            n = c.execute(
+                "DELETE FROM publishes WHERE volume_id = ? AND target_path = ?", (volume_id, target_path)
+            ).rowcount
+            return n > 0
+
+
+def _publish(row: sqlite3.Row) -> PublishRecord:
+    return PublishRecord(row["volume_id"], row["target_path"], bool(row["readonly"]), row["staging_path"])
