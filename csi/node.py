@@ -1,0 +1,251 @@
+"""The CSI Node service: stage, publish, stats and expansion of this node's volumes.
+
+Shape of every mutating RPC: validate the request (a missing or bad field is INVALID_ARGUMENT naming it; paths must be
+absolute, free of ``..`` and, symlinks resolved, inside kubelet's directory), look the volume up (NOT_FOUND), take the
+volume's operation lock (a second operation in flight is ABORTED), then do the host work in a worker thread
+(``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs.
+
+Host truth over records. Whether something is mounted is read from ``/proc/self/mountinfo`` and which loop device
+backs a file from the kernel (:mod:`csi.loopdev`), so every step is idempotent and re-runnable: after a reboot the
+loop devices and mounts are gone while the stage record remains, and the next NodeStageVolume simply re-attaches and
+re-mounts. Records (stage, publish) say what kubelet asked for, so unstage/unpublish/stats know what to look at.
+
+Publishing: a filesystem volume is bind-mounted from the staging path (read-only and per-mount flags by a bind
+remount); a block volume's loop device node is bind-mounted onto a file at the target. A read-only block publish gets
+its own read-only loop device (``losetup -r``) because a read-only bind mount of a device node does not stop writes
+to the device; unpublish finds it again from the mount table and detaches it.
+
+Compatibility of a repeat publish is judged against the host: same target, same read-only flag and the same per-mount
+flags is OK, anything else ALREADY_EXISTS; a second target under a SINGLE_NODE_SINGLE_WRITER / SINGLE_NODE_WRITER /
+SINGLE_NODE_READER_ONLY access mode is FAILED_PRECONDITION (spec table for plugins with SINGLE_NODE_MULTI_WRITER).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from grpc import aio
+
+from csi.config import TOPOLOGY_KEY, Config
+from csi.errors import FailedPrecondition, InvalidArgument
+from csi.grpcerrors import rpc
+from csi.locks import OperationLocks
+from csi.model import validate_id
+from csi.nodehost import EPHEMERAL_KEY, NodeHost, PublishSpec, StageSpec
+from csi.state import StateStore
+from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
+from nodeplug.log import Logger, get_logger
+
+T = TypeVar("T")
+_Mode = csi_pb2.VolumeCapability.AccessMode
+_NodeCap = csi_pb2.NodeServiceCapability.RPC
+SINGLE_TARGET_MODES = frozenset(
+    {_Mode.SINGLE_NODE_WRITER, _Mode.SINGLE_NODE_READER_ONLY, _Mode.SINGLE_NODE_SINGLE_WRITER}
+)
+_FLAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*(=[A-Za-z0-9_.:/+@-]*)?")
+_FORBIDDEN_FLAGS = frozenset({"bind", "rbind", "remount", "move", "make-shared", "make-private", "loop"})
+
+
+def checked_path(field: str, value: str, kubelet_dir: Path, required: bool = True) -> Path | None:
+    """``value`` resolved (symlinks followed) if it is absolute and inside ``kubelet_dir``; else INVALID_ARGUMENT."""
+    if not value:
+        if required:
+            raise InvalidArgument(f"{field}: required field is missing")
+        return None
+    if "\0" in value or not value.startswith("/"):
+        raise InvalidArgument(f"{field}: expected an absolute path, got {value[:256]!r}")
+    if ".." in Path(value).parts:
+        raise InvalidArgument(f"{field}: must not contain '..', got {value[:256]!r}")
+    resolved = Path(os.path.realpath(value))
+    base = Path(os.path.realpath(kubelet_dir))
+    if resolved == base or base not in resolved.parents:
+        raise InvalidArgument(f"{field}: expected a path inside {base} (after resolving symlinks), got {value[:256]!r}")
+    return resolved
+
+
+def checked_flags(flags: Any) -> tuple[str, ...]:
+    out = []
+    for i, f in enumerate(flags):
+        if not _FLAG_RE.fullmatch(f) or f.split("=", 1)[0] in _FORBIDDEN_FLAGS:
+            raise InvalidArgument(
+                f"volume_capability.mount.mount_flags[{i}]: not an acceptable mount option, got {f!r}"
+            )
+        out.append(str(f))
+    return tuple(out)
+
+
+def capability(
+    request: Any, field: str = "volume_capability", required: bool = True
+) -> tuple[str, str, tuple[str, ...], int]:
+    """(access type "mount"/"block", fs type, mount flags, access mode) from a VolumeCapability field."""
+    if not request.HasField(field):
+        if required:
+            raise InvalidArgument(f"{field}: required field is missing")
+        return "", "", (), _Mode.UNKNOWN
+    cap = getattr(request, field)
+    kind = cap.WhichOneof("access_type")
+    if kind is None:
+        raise InvalidArgument(f"{field}.access_type: expected mount or block")
+    mode = cap.access_mode.mode if cap.HasField("access_mode") else _Mode.UNKNOWN
+    if cap.HasField("access_mode") and mode == _Mode.UNKNOWN:
+        raise InvalidArgument(f"{field}.access_mode.mode: expected a known access mode, got UNKNOWN")
+    if kind == "block":
+        return "block", "", (), mode
+    return "mount", cap.mount.fs_type, checked_flags(cap.mount.mount_flags), mode
+
+
+class NodeServicer(csi_pb2_grpc.NodeServicer):
+    def __init__(
+        self,
+        config: Config,
+        store: StateStore,
+        host: NodeHost,
+        locks: OperationLocks,
+        kubelet_dir: Path,
+        log: Logger | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.host = host
+        self.locks = locks
+        self.kubelet_dir = kubelet_dir
+        self.node_id = config.node_id or socket.gethostname()
+        self.log = log or get_logger("csi")
+
+    async def _locked(self, volume_id: str, fn: Callable[[], T]) -> T:
+        with self.locks.hold(f"volume/{volume_id}"):
+            return await asyncio.to_thread(fn)
+
+    def _path(self, field: str, value: str, required: bool = True) -> Path | None:
+        return checked_path(field, value, self.kubelet_dir, required)
+
+    # ------------------------------------------------------------ stage
+
+    @rpc
+    async def NodeStageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        staging = self._path("staging_target_path", request.staging_target_path)
+        kind, fs_type, flags, _ = capability(request)
+        assert staging is not None
+        spec = StageSpec(volume_id, staging, kind, fs_type, flags)
+        await self._locked(volume_id, lambda: self.host.stage(spec))
+        return csi_pb2.NodeStageVolumeResponse()
+
+    @rpc
+    async def NodeUnstageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        staging = self._path("staging_target_path", request.staging_target_path)
+        assert staging is not None
+        await self._locked(volume_id, lambda: self.host.unstage(volume_id, staging))
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    # ------------------------------------------------------------ publish
+
+    @rpc
+    async def NodePublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        target = self._path("target_path", request.target_path)
+        kind, fs_type, flags, mode = capability(request)
+        assert target is not None
+        context_map = dict(request.volume_context)
+        ephemeral = context_map.get(EPHEMERAL_KEY, "").lower() == "true"
+        staging = self._path("staging_target_path", request.staging_target_path, required=False)
+        if staging is None and not ephemeral:
+            raise FailedPrecondition("staging_target_path: not set; the driver stages volumes, call NodeStageVolume")
+        spec = PublishSpec(
+            volume_id=volume_id,
+            target=target,
+            staging=staging,
+            kind=kind,
+            fs_type=fs_type,
+            flags=flags,
+            readonly=bool(request.readonly),
+            single_target=mode in SINGLE_TARGET_MODES,
+            ephemeral=ephemeral,
+            context=context_map,
+        )
+        if ephemeral:
+            await self.host.publish_ephemeral(spec, self._locked)
+        else:
+            await self._locked(volume_id, lambda: self.host.publish(spec))
+        return csi_pb2.NodePublishVolumeResponse()
+
+    @rpc
+    async def NodeUnpublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        target = self._path("target_path", request.target_path)
+        assert target is not None
+        ephemeral = await asyncio.to_thread(self.host.ephemeral_of, volume_id)
+        if ephemeral is not None:
+            await self.host.unpublish_ephemeral(ephemeral, target, self._locked)
+        else:
+            await self._locked(volume_id, lambda: self.host.unpublish(volume_id, target))
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    # ------------------------------------------------------------ stats and expansion
+
+    @rpc
+    async def NodeGetVolumeStats(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        path = self._path("volume_path", request.volume_path)
+        assert path is not None
+        stats = await asyncio.to_thread(self.host.stats, volume_id, path)
+        Unit = csi_pb2.VolumeUsage
+        usage = []
+        if stats.total_bytes is not None:
+            if stats.fs is None:
+                usage.append(Unit(unit=Unit.BYTES, total=stats.total_bytes))
+            else:
+                fs = stats.fs
+                usage.append(
+                    Unit(unit=Unit.BYTES, total=fs.total_bytes, used=fs.used_bytes, available=fs.available_bytes)
+                )
+                if fs.total_inodes:
+                    usage.append(
+                        Unit(unit=Unit.INODES, total=fs.total_inodes, used=fs.used_inodes, available=fs.free_inodes)
+                    )
+        cond = csi_pb2.VolumeCondition(abnormal=stats.problem is not None, message=stats.problem or "volume is healthy")
+        return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=cond)
+
+    @rpc
+    async def NodeExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        volume_id = validate_id("volume_id", request.volume_id)
+        path = self._path("volume_path", request.volume_path)
+        assert path is not None
+        self._path("staging_target_path", request.staging_target_path, required=False)
+        kind, _, _, _ = capability(request, required=False)
+        required = request.capacity_range.required_bytes if request.HasField("capacity_range") else 0
+        limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0
+        if required < 0 or limit < 0 or (limit and required > limit):
+            raise InvalidArgument("capacity_range: expected 0 <= required_bytes <= limit_bytes")
+        size = await self._locked(volume_id, lambda: self.host.expand(volume_id, path, kind, required))
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
+
+    # ------------------------------------------------------------ info
+
+    @rpc
+    async def NodeGetCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        caps = [
+            _NodeCap.STAGE_UNSTAGE_VOLUME,
+            _NodeCap.GET_VOLUME_STATS,
+            _NodeCap.EXPAND_VOLUME,
+            _NodeCap.VOLUME_CONDITION,
+            _NodeCap.SINGLE_NODE_MULTI_WRITER,
+        ]
+        return csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[csi_pb2.NodeServiceCapability(rpc=_NodeCap(type=t)) for t in caps]
+        )
+
+    @rpc
+    async def NodeGetInfo(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return csi_pb2.NodeGetInfoResponse(
+            node_id=self.node_id,
+            max_volumes_per_node=self.config.max_volumes_per_node,
+            accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_KEY: self.node_id}),
+        )
