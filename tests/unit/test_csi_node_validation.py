@@ -1,0 +1,124 @@
+"""Node-side request checks and host-table parsing that need no root: paths, flags, capabilities, sizes, mountinfo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from csi.errors import InvalidArgument
+from csi.mounts import MountEntry, fs_problem, parse_mountinfo
+from csi.node import capability, checked_flags, checked_path
+from csi.nodehost import parse_size
+from nodeplug.api.csi.v1 import csi_pb2
+
+Cap = csi_pb2.VolumeCapability
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Path:
+    d = tmp_path / "var" / "lib" / "kubelet"
+    (d / "pods").mkdir(parents=True)
+    return d
+
+
+def test_checked_path_accepts_paths_inside_kubelet_dir(kubelet: Path) -> None:
+    p = kubelet / "pods" / "uid" / "volumes" / "mnt"
+    assert checked_path("target_path", str(p), kubelet) == p
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("", "target_path: required field is missing"),
+        ("relative/path", "expected an absolute path"),
+        ("/etc/passwd", "expected a path inside"),
+        ("{k}/pods/../../../../etc", "must not contain '..'"),
+        ("{k}", "expected a path inside"),
+    ],
+)
+def test_checked_path_rejects(kubelet: Path, value: str, needle: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        checked_path("target_path", value.format(k=kubelet), kubelet)
+    assert needle in str(e.value)
+    assert e.value.code == "INVALID_ARGUMENT"
+
+
+def test_checked_path_resolves_symlinks_out_of_kubelet_dir(kubelet: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, kubelet / "pods" / "escape")
+    with pytest.raises(InvalidArgument, match="after resolving symlinks"):
+        checked_path("staging_target_path", str(kubelet / "pods" / "escape" / "x"), kubelet)
+
+
+def test_checked_path_optional_field(kubelet: Path) -> None:
+    assert checked_path("staging_target_path", "", kubelet, required=False) is None
+
+
+def test_mount_flags() -> None:
+    assert checked_flags(["noatime", "discard", "commit=30"]) == ("noatime", "discard", "commit=30")
+    for bad in ["bind", "remount", "a,b", "x y", "", "loop=/dev/loop0"]:
+        with pytest.raises(InvalidArgument, match=r"mount_flags\[0\]"):
+            checked_flags([bad])
+
+
+def test_capability_parsing() -> None:
+    req = csi_pb2.NodeStageVolumeRequest()
+    with pytest.raises(InvalidArgument, match="volume_capability: required field is missing"):
+        capability(req)
+    assert capability(req, required=False)[0] == ""
+    req.volume_capability.CopyFrom(Cap(access_mode=Cap.AccessMode(mode=Cap.AccessMode.SINGLE_NODE_WRITER)))
+    with pytest.raises(InvalidArgument, match="access_type"):
+        capability(req)
+    req.volume_capability.mount.CopyFrom(Cap.MountVolume(fs_type="xfs", mount_flags=["noatime"]))
+    assert capability(req) == ("mount", "xfs", ("noatime",), Cap.AccessMode.SINGLE_NODE_WRITER)
+    req.volume_capability.block.CopyFrom(Cap.BlockVolume())
+    assert capability(req)[0] == "block"
+    req.volume_capability.access_mode.mode = Cap.AccessMode.UNKNOWN
+    with pytest.raises(InvalidArgument, match=r"access_mode\.mode"):
+        capability(req)
+
+
+def test_parse_size() -> None:
+    assert parse_size("64Mi") == 64 << 20
+    assert parse_size("1Gi") == 1 << 30
+    assert parse_size("1000") == 1000
+    assert parse_size("2G") == 2 * 10**9
+    with pytest.raises(InvalidArgument, match=r"volume_context\.size"):
+        parse_size("lots")
+
+
+MOUNTINFO = (
+    "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro\n"
+    "40 22 7:3 / /var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount rw,relatime - ext4 /dev/loop3 rw\n"
+    "41 22 7:3 / /var/lib/kubelet/pods/p/volumes/with\\040space ro,nosuid,relatime shared:5 - ext4 /dev/loop3 rw\n"
+    "42 22 0:6 /loop4 /var/lib/kubelet/pods/p/volumeDevices/dev ro,relatime - devtmpfs devtmpfs rw,mode=755\n"
+    "43 22 7:5 / /mnt/broken rw - ext4 /dev/loop5 ro\n"
+)
+
+
+def test_parse_mountinfo() -> None:
+    entries = parse_mountinfo(MOUNTINFO)
+    assert len(entries) == 5
+    e = entries[2]
+    assert e.mount_point == "/var/lib/kubelet/pods/p/volumes/with space"
+    assert e.readonly and "nosuid" in e.options
+    assert (e.fs_type, e.source, e.dev) == ("ext4", "/dev/loop3", "7:3")
+    assert entries[3].root == "/loop4" and entries[3].fs_type == "devtmpfs"
+    assert entries[0].super_options == ("rw", "errors=remount-ro")
+
+
+def test_fs_problem_reports_ext4_errors_and_remount_ro(tmp_path: Path) -> None:
+    entries = parse_mountinfo(MOUNTINFO)
+    sysfs = tmp_path / "sys" / "fs"
+    (sysfs / "ext4" / "loop3").mkdir(parents=True)
+    (sysfs / "ext4" / "loop3" / "errors_count").write_text("0\n")
+    ok = MountEntry(**{**entries[1].__dict__, "mount_point": str(tmp_path)})
+    assert fs_problem(ok, sys_fs=sysfs) is None
+    (sysfs / "ext4" / "loop3" / "errors_count").write_text("3\n")
+    assert "recorded 3 error(s)" in (fs_problem(ok, sys_fs=sysfs) or "")
+    broken = MountEntry(**{**entries[4].__dict__, "mount_point": str(tmp_path)})
+    assert "remounted read-only" in (fs_problem(broken, sys_fs=sysfs) or "")
+    assert fs_problem(broken, expect_rw=False, sys_fs=sysfs) is None
