@@ -1,0 +1,136 @@
+"""Container edits for allocated devices, as an Allocate answer or as a CDI spec.
+
+:func:`container_edits` is the pure answer for one container: a DeviceSpec for every node of the allocated devices
+(each node once, even when two replicas share it), the resource's mounts and env, and ``NODEPLUG_<NAME>_DEVICES``
+listing the allocated IDs. With ``cdi: true`` the device nodes, mounts and env live in the resource's CDI spec
+instead, and the answer names the CDI devices (``nodeplug.io/<name>=<id>``); the IDs env stays in the answer.
+
+The CDI spec (``cdiVersion`` 0.6.0, ``kind`` ``nodeplug.io/<name>``) has one device entry per listed ID with its
+device nodes, and the resource's mounts and env as spec-wide container edits. It is written atomically (temp file in
+the same directory, fsync, rename) to ``<cdi dir>/nodeplug.io-<name>.json``, and only when its content changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.config import Resource
+from deviceplugin.state import Listed
+
+CDI_VERSION = "0.6.0"
+VENDOR = "nodeplug.io"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    container_path: str
+    host_path: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass
+class ContainerEdits:
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    devices: list[DeviceSpec] = field(default_factory=list)
+    cdi_devices: list[str] = field(default_factory=list)
+
+
+def kind(res: Resource) -> str:
+    return f"{VENDOR}/{res.name}"
+
+
+def qualified(res: Resource, dev_id: str) -> str:
+    return f"{kind(res)}={dev_id}"
+
+
+def spec_filename(res: Resource) -> str:
+    return f"{VENDOR}-{res.name}.json"
+
+
+def container_edits(res: Resource, entries: Sequence[Listed]) -> ContainerEdits:
+    out = ContainerEdits()
+    out.envs[res.env_name] = ",".join(e.id for e in entries)
+    if res.cdi:
+        out.cdi_devices = [qualified(res, e.id) for e in entries]
+        return out
+    out.envs = {**res.env, **out.envs}
+    seen: set[str] = set()
+    for e in entries:
+        for node in e.device.nodes:
+            if node.container_path not in seen:
+                seen.add(node.container_path)
+                out.devices.append(DeviceSpec(node.container_path, node.host_path, res.permissions))
+    out.mounts = [Mount(m.container_path, m.host_path, m.read_only) for m in res.mounts]
+    return out
+
+
+def build_spec(res: Resource, listing: Sequence[Listed]) -> dict[str, Any]:
+    """The CDI spec of ``res`` for every listed ID (healthy or not: kubelet decides what it allocates)."""
+    devices = [
+        {
+            "name": e.id,
+            "containerEdits": {
+                "deviceNodes": [
+                    {"path": n.container_path, "hostPath": n.host_path, "permissions": res.permissions}
+                    for n in e.device.nodes
+                ]
+            },
+        }
+        for e in listing
+    ]
+    edits: dict[str, Any] = {}
+    if res.env:
+        edits["env"] = [f"{k}={v}" for k, v in res.env.items()]
+    if res.mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["rbind", "ro" if m.read_only else "rw"],
+            }
+            for m in res.mounts
+        ]
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind(res), "devices": devices}
+    if edits:
+        spec["containerEdits"] = edits
+    return spec
+
+
+def write_spec(directory: Path, res: Resource, spec: dict[str, Any]) -> Path:
+    """Write ``spec`` atomically; a reader sees the old file or the new one, never a part."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / spec_filename(res)
+    data = json.dumps(spec, indent=2, sort_keys=False).encode() + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def remove_spec(directory: Path, res: Resource) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (directory / spec_filename(res)).unlink()

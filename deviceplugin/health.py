@@ -1,0 +1,49 @@
+"""Health and reset commands: a resource's configured argv, filled in per device, run with a timeout.
+
+``{id}``, ``{path}`` and ``{address}`` are replaced in every argument (no shell is involved, so a value never splits
+or expands). A health command passes with exit status 0; anything else, a timeout included, makes the device
+unhealthy with the command's error as the reason, until a later run passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from deviceplugin.config import HealthSpec, ResetSpec
+from deviceplugin.discovery import Device
+from nodeplug.commands import CommandError, arun
+
+MAX_PARALLEL = 8
+
+
+def fill(argv: Sequence[str], dev: Device) -> list[str]:
+    values = {"id": dev.id, "path": dev.path, "address": dev.address}
+    return [a.format(**values) for a in argv]
+
+
+async def check(spec: HealthSpec, dev: Device) -> str | None:
+    """None when the device's health command passes, else why it failed."""
+    try:
+        await arun(fill(spec.command, dev), timeout=spec.timeout_seconds)
+    except CommandError as e:
+        return f"health command {e}"
+    return None
+
+
+async def check_all(spec: HealthSpec, devices: Sequence[Device]) -> dict[str, str | None]:
+    """Run the health command for every device, at most :data:`MAX_PARALLEL` at a time."""
+    sem = asyncio.Semaphore(MAX_PARALLEL)
+
+    async def one(dev: Device) -> tuple[str, str | None]:
+        async with sem:
+            return dev.id, await check(spec, dev)
+
+    results = await asyncio.gather(*(one(d) for d in devices))
+    return dict(results)
+
+
+async def reset(spec: ResetSpec, devices: Sequence[Device]) -> None:
+    """Run the reset command for each device in turn; raise :class:`CommandError` on the first failure."""
+    for dev in devices:
+        await arun(fill(spec.command, dev), timeout=spec.timeout_seconds)

@@ -1,0 +1,156 @@
+"""A kubelet stand-in for tests, the benchmark and local demos: the ``Registration`` service on ``kubelet.sock``.
+
+It does what kubelet's device manager does with a registering plugin: records the request, dials the plugin's
+socket (``<plugin dir>/<endpoint>``), reads ``GetDevicePluginOptions`` and keeps a ``ListAndWatch`` stream open,
+recording every listing it receives. Tests then call Allocate / GetPreferredAllocation through :meth:`stub`.
+:meth:`restart` behaves like a kubelet restart: stop, wipe the directory, serve a new ``kubelet.sock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+
+@dataclass
+class Endpoint:
+    """One registered resource as the stand-in sees it."""
+
+    request: api_pb2.RegisterRequest
+    channel: aio.Channel
+    stub: api_pb2_grpc.DevicePluginStub
+    options: api_pb2.DevicePluginOptions | None = None
+    listings: list[list[tuple[str, str, tuple[int, ...]]]] = field(default_factory=list)
+    listing_times: list[float] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    stream_ended: bool = False
+
+    @property
+    def latest(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return self.listings[-1] if self.listings else []
+
+    async def wait_listing(self, pred: Any, timeout: float = 5.0) -> list[tuple[str, str, tuple[int, ...]]]:
+        """Wait until a received listing satisfies ``pred`` (called with the listing); return that listing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.listings and pred(self.latest):
+                return self.latest
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching listing within {timeout}s; latest: {self.latest}")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+
+
+class _Registration(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.kubelet = kubelet
+
+    async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
+        self.kubelet.request_times.append(time.perf_counter())
+        if self.kubelet.reject is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.reject)
+        if request.version != "v1beta1":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
+        await self.kubelet._connect(request)
+        return api_pb2.Empty()
+
+
+class FakeKubelet:
+    def __init__(self, plugin_dir: Path) -> None:
+        self.plugin_dir = Path(plugin_dir)
+        self.socket = self.plugin_dir / "kubelet.sock"
+        self.requests: list[api_pb2.RegisterRequest] = []
+        self.request_times: list[float] = []
+        self.endpoints: dict[str, Endpoint] = {}
+        self.registered = asyncio.Event()
+        self.reject: str | None = None
+        self._server: aio.Server | None = None
+
+    async def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        server = aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self, wipe: bool = False) -> None:
+        for ep in self.endpoints.values():
+            await self._drop(ep)
+        self.endpoints.clear()
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        if wipe:
+            for p in self.plugin_dir.iterdir():
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    p.unlink()
+
+    async def restart(self) -> None:
+        """Like a kubelet restart: streams closed, directory wiped, a new kubelet.sock."""
+        await self.stop(wipe=True)
+        self.registered.clear()
+        await self.start()
+
+    async def _drop(self, ep: Endpoint) -> None:
+        if ep.task is not None:
+            ep.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ep.task
+        await ep.channel.close()
+
+    async def _connect(self, request: api_pb2.RegisterRequest) -> None:
+        old = self.endpoints.pop(request.resource_name, None)
+        if old is not None:
+            await self._drop(old)
+        channel = aio.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
+        ep = Endpoint(request=request, channel=channel, stub=api_pb2_grpc.DevicePluginStub(channel))
+        ep.options = await ep.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        ep.task = asyncio.create_task(self._watch(ep), name=f"kubelet-watch-{request.resource_name}")
+        self.endpoints[request.resource_name] = ep
+        self.requests.append(request)
+        self.registered.set()
+
+    async def _watch(self, ep: Endpoint) -> None:
+        try:
+            async for resp in ep.stub.ListAndWatch(api_pb2.Empty()):
+                ep.listings.append([(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in resp.devices])
+                ep.listing_times.append(time.perf_counter())
+                ep.changed.set()
+        except aio.AioRpcError:
+            pass
+        finally:
+            ep.stream_ended = True
+            ep.changed.set()
+
+    async def wait_registered(self, resource_name: str, timeout: float = 5.0, after: int = 0) -> Endpoint:
+        """The endpoint of ``resource_name`` once it has registered more than ``after`` times in total."""
+        deadline = time.monotonic() + timeout
+        while True:
+            n = sum(1 for r in self.requests if r.resource_name == resource_name)
+            ep = self.endpoints.get(resource_name)
+            if ep is not None and n > after and ep.listings:
+                return ep
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{resource_name} did not register within {timeout}s")
+            await asyncio.sleep(0.005)
+
+    def count(self, resource_name: str) -> int:
+        return sum(1 for r in self.requests if r.resource_name == resource_name)

@@ -1,0 +1,238 @@
+"""The device plugin as the agent shell sees it: every configured resource, the watchers, reload.
+
+Change detection, no polling:
+
+- inotify on every directory a resource's devices may appear in (from :func:`discovery.watch_dirs`, recomputed after
+  each scan) and kernel uevents for sysfs hotplug; a burst of events becomes one re-scan after :data:`DEBOUNCE`;
+- inotify on the device-plugins directory (and its parent, in case the directory itself is removed and made again):
+  any change there runs :meth:`ResourceRuntime.sync` for every resource at once, which re-serves a resource whose
+  socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
+- a safety re-scan and sync every ``rescan_seconds``, and a timer for devices due to be forgotten.
+
+Reload: resources whose config is unchanged keep running (their streams stay open); added ones start, removed ones
+stop and remove their socket and CDI spec, changed ones restart. A ``host_root`` or ``register_timeout_seconds``
+change restarts every resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from deviceplugin.config import Config, Resource
+from deviceplugin.inotify import IN_Q_OVERFLOW, Inotify
+from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
+from deviceplugin.resource import ResourceRuntime
+from deviceplugin.uevent import UeventMonitor
+from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
+from nodeplug.plugin import AgentContext, Readiness
+
+DEBOUNCE = 0.01
+UEVENT_SUBSYSTEMS = frozenset({"pci", "usb", "tty", "usbmisc", "vfio", "misc", "block", "drm", "net", "sound"})
+
+
+class DevicePlugin:
+    name = "deviceplugin"
+
+    def __init__(self, section: Config, ctx: AgentContext) -> None:
+        self.section = section
+        self.ctx = ctx
+        self.log = ctx.logger("deviceplugin")
+        self.plugin_dir = ctx.root(DEVICE_PLUGIN_DIR)
+        self.kubelet_socket = ctx.root(KUBELET_SOCKET)
+        self.cdi_dir = ctx.root(CDI_DIR)
+        self.metrics = DevicePluginMetrics(ctx.metrics.registry, self._stats)
+        self.resources: dict[str, ResourceRuntime] = {}
+        self._inotify: Inotify | None = None
+        self._uevents: UeventMonitor | None = None
+        self._scan_handle: asyncio.TimerHandle | None = None
+        self._sync_handle: asyncio.TimerHandle | None = None
+        self._expiry_handle: asyncio.TimerHandle | None = None
+        self._safety: asyncio.Task[None] | None = None
+        self._sync_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._started = False
+
+    # ------------------------------------------------------------ Plugin protocol
+
+    async def start(self) -> None:
+        self.metrics.attach()
+        try:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            self._inotify = Inotify(self._on_inotify)
+            try:
+                self._uevents = UeventMonitor(self._on_uevent)
+            except OSError as e:
+                self.log.info("no kernel uevents; sysfs hotplug is seen by the safety re-scan", error=str(e))
+            async with self._lock:
+                for res in self.section.resources:
+                    await self._start_resource(res)
+            self._rewatch()
+            self._safety = asyncio.create_task(self._safety_loop(), name="deviceplugin-rescan")
+            self._started = True
+        except BaseException:
+            await self.stop(0)
+            raise
+        self.log.info("started", resources=",".join(self.resources) or None, host_root=self.section.host_root)
+
+    async def stop(self, grace: float) -> None:
+        for h in (self._scan_handle, self._sync_handle, self._expiry_handle):
+            if h is not None:
+                h.cancel()
+        self._scan_handle = self._sync_handle = self._expiry_handle = None
+        for t in (self._safety, self._sync_task):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        self._safety = self._sync_task = None
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        if self._uevents is not None:
+            self._uevents.close()
+            self._uevents = None
+        async with self._lock:
+            await asyncio.gather(*(r.stop(grace) for r in self.resources.values()))
+            self.resources.clear()
+        self.metrics.detach()
+        self._started = False
+
+    def readiness(self) -> Readiness:
+        if not self._started:
+            return Readiness(False, "not started")
+        waiting = [
+            f"{name}: {'not serving' if not r.serving else 'not registered with kubelet'}"
+            for name, r in self.resources.items()
+            if not (r.serving and r.registered)
+        ]
+        if waiting:
+            return Readiness(False, "; ".join(waiting))
+        return Readiness(True, f"{len(self.resources)} resources registered")
+
+    async def reload(self, section: Any) -> None:
+        if not isinstance(section, Config):
+            raise TypeError(f"expected a deviceplugin Config, got {type(section).__name__}")
+        async with self._lock:
+            old = self.section
+            self.section = section
+            everything = (old.host_root, old.register_timeout_seconds) != (
+                section.host_root,
+                section.register_timeout_seconds,
+            )
+            wanted = {r.name: r for r in section.resources}
+            for name in [n for n in self.resources if n not in wanted]:
+                await self.resources.pop(name).stop(0, removed=True)
+                self.log.info("resource removed", resource=name)
+            for name, res in wanted.items():
+                current = self.resources.get(name)
+                if current is not None and current.res == res and not everything:
+                    continue
+                if current is not None:
+                    await self.resources.pop(name).stop(0, removed=current.res.cdi and not res.cdi)
+                    self.log.info("resource changed, restarting", resource=name)
+                await self._start_resource(res)
+        self._rewatch()
+
+    # ------------------------------------------------------------ resources
+
+    async def _start_resource(self, res: Resource) -> None:
+        rt = ResourceRuntime(
+            res,
+            host_root=self.section.host_root,
+            plugin_dir=self.plugin_dir,
+            kubelet_socket=self.kubelet_socket,
+            cdi_dir=self.cdi_dir,
+            register_timeout=self.section.register_timeout_seconds,
+            agent_metrics=self.ctx.metrics,
+            metrics=self.metrics,
+            log=self.log,
+        )
+        await rt.start()
+        self.resources[res.name] = rt
+
+    def _stats(self) -> list[ResourceStats]:
+        return [r.stats() for r in self.resources.values()]
+
+    # ------------------------------------------------------------ change detection
+
+    def _rewatch(self) -> None:
+        if self._inotify is None:
+            return
+        dirs = {str(self.plugin_dir), str(self.plugin_dir.parent)}
+        for r in self.resources.values():
+            dirs |= r.watch_dirs
+        self._inotify.set(dirs)
+        self._schedule_expiry()
+
+    def _on_inotify(self, directory: str, name: str, mask: int) -> None:
+        kubelet_dirs = (str(self.plugin_dir), str(self.plugin_dir.parent))
+        if mask & IN_Q_OVERFLOW or directory in kubelet_dirs:
+            self._schedule_sync()
+        if mask & IN_Q_OVERFLOW or directory not in kubelet_dirs:
+            self._schedule_scan()
+
+    def _on_uevent(self, action: str, fields: dict[str, str]) -> None:
+        if action == "overflow" or fields.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
+            self._schedule_scan()
+
+    def _schedule_scan(self) -> None:
+        if self._scan_handle is None:
+            self._scan_handle = asyncio.get_running_loop().call_later(DEBOUNCE, self._scan)
+
+    def _scan(self) -> None:
+        self._scan_handle = None
+        for r in list(self.resources.values()):
+            try:
+                r.rescan()
+            except Exception:
+                self.log.error("re-scan failed", exc_info=True, resource=r.res.resource_name)
+        self._rewatch()
+
+    def _schedule_sync(self) -> None:
+        if self._sync_handle is None:
+            self._sync_handle = asyncio.get_running_loop().call_later(DEBOUNCE, self._start_sync)
+
+    def _start_sync(self) -> None:
+        self._sync_handle = None
+        if self._sync_task is not None and not self._sync_task.done():
+            self._schedule_sync()  # one sync at a time; run again once this one is done
+            return
+        self._sync_task = asyncio.create_task(self._sync_all(), name="deviceplugin-sync")
+
+    async def _sync_all(self) -> None:
+        async with self._lock:
+            if self._inotify is not None and str(self.plugin_dir) not in self._inotify.watched:
+                self.plugin_dir.mkdir(parents=True, exist_ok=True)  # the directory itself was removed
+                self._rewatch()
+            results = await asyncio.gather(*(r.sync() for r in self.resources.values()), return_exceptions=True)
+            for r, res in zip(self.resources.values(), results, strict=True):
+                if isinstance(res, BaseException):
+                    self.log.error("could not serve again", resource=r.res.resource_name, error=str(res))
+
+    def _schedule_expiry(self) -> None:
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
+        due = [t for t in (r.next_expiry() for r in self.resources.values()) if t is not None]
+        if due:
+            delay = max(0.0, min(due) - time.monotonic()) + 0.001
+            self._expiry_handle = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry_handle = None
+        for r in self.resources.values():
+            r.expire()
+        self._rewatch()
+
+    async def _safety_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.section.rescan_seconds)
+            self._scan()
+            self._schedule_sync()
+
+
+def create(section: Config, ctx: AgentContext) -> DevicePlugin:
+    return DevicePlugin(section, ctx)

@@ -1,0 +1,245 @@
+"""One resource at run time: its device table, its socket, its registration with kubelet, its health checks.
+
+Lifecycle (the plugin drives it; all calls happen in the event loop)::
+
+    start()      discover, serve the socket, then register (retrying with backoff until kubelet answers)
+    rescan()     discovery again (the plugin calls it on inotify/uevent, debounced, and on the safety timer)
+    sync()       our socket still ours? kubelet.sock the one we registered with? re-serve / re-register if not
+    stop()       end the streams, stop serving, remove the socket (and the CDI spec when the resource is removed)
+
+Registration runs in one task that waits for a kick (start, re-serve, a new kubelet.sock) and retries with
+exponential backoff (50 ms to 5 s) while kubelet is not there, logging once per change of state. The health task
+runs the health command for every present device every ``interval_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from deviceplugin import cdi, discovery, health
+from deviceplugin.broadcast import Broadcast
+from deviceplugin.config import Resource
+from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
+from deviceplugin.registration import Identity, describe, identity, register
+from deviceplugin.servicer import DevicePluginServicer, listing_message
+from deviceplugin.state import DeviceTable, Listed
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeplug.grpcserve import UnixGrpcServer
+from nodeplug.log import Logger
+from nodeplug.metrics import Metrics
+
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 5.0
+
+
+class ResourceRuntime:
+    def __init__(
+        self,
+        res: Resource,
+        *,
+        host_root: str,
+        plugin_dir: Path,
+        kubelet_socket: Path,
+        cdi_dir: Path,
+        register_timeout: float,
+        agent_metrics: Metrics,
+        metrics: DevicePluginMetrics,
+        log: Logger,
+    ) -> None:
+        self.res = res
+        self.host_root = host_root
+        self.socket = plugin_dir / res.socket_name
+        self.kubelet_socket = kubelet_socket
+        self.cdi_dir = cdi_dir
+        self.register_timeout = register_timeout
+        self.agent_metrics = agent_metrics
+        self.metrics = metrics
+        self.log = log.bind(resource=res.resource_name)
+        self.table = DeviceTable(res.replicas, res.forget_after_seconds)
+        self.updates: Broadcast[api_pb2.ListAndWatchResponse] = Broadcast(api_pb2.ListAndWatchResponse())
+        self.watch_dirs: set[str] = set()
+        self.registered = False
+        self._server: UnixGrpcServer | None = None
+        self._socket_id: Identity | None = None
+        self._kubelet_id: Identity | None = None
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._problems: list[str] = []
+        self._cdi_written: str | None = None
+        self._reg_state = ""
+        self._serve_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.rescan()
+        await self._serve()
+        self._tasks.append(asyncio.create_task(self._register_loop(), name=f"register-{self.res.name}"))
+        if self.res.health is not None:
+            self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health-{self.res.name}"))
+        self._kick.set()
+
+    async def stop(self, grace: float, removed: bool = False) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        self.updates.close()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        self.registered = False
+        if removed:
+            cdi.remove_spec(self.cdi_dir, self.res)
+        self.log.info("stopped", removed=removed or None)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and identity(self.socket) == self._socket_id
+
+    def stats(self) -> ResourceStats:
+        healthy = sum(1 for e in self.table.listing if e.healthy)
+        return ResourceStats(
+            self.res.name, healthy, len(self.table.listing) - healthy, self.registered, self.updates.subscribers
+        )
+
+    # ------------------------------------------------------------ discovery and health
+
+    def rescan(self) -> bool:
+        """Discover again; publish when what kubelet sees changed. Returns whether it did."""
+        found = discovery.discover(self.res, self.host_root)
+        if found.problems != self._problems:
+            for p in found.problems:
+                self.log.warning("discovery", problem=p)
+            self._problems = found.problems
+        changed = self.table.update(found.devices, time.monotonic())
+        self.watch_dirs = discovery.watch_dirs(self.res, self.host_root, found.devices)
+        self._after_change(changed)
+        return changed
+
+    def expire(self) -> None:
+        self._after_change(self.table.expire(time.monotonic()))
+
+    def next_expiry(self) -> float | None:
+        return self.table.next_expiry()
+
+    def _after_change(self, changed: bool) -> None:
+        if self.res.cdi:
+            self._write_cdi()
+        if changed:
+            self.updates.publish(listing_message(self.table.listing))
+            self.log.info(
+                "devices changed",
+                healthy=sum(1 for e in self.table.listing if e.healthy),
+                unhealthy=",".join(e.id for e in self.table.listing if not e.healthy) or None,
+                total=len(self.table.listing),
+            )
+
+    def _write_cdi(self, force: bool = False) -> None:
+        listing = self.table.listing
+        if not listing:
+            if self._cdi_written != "":
+                cdi.remove_spec(self.cdi_dir, self.res)
+                self._cdi_written = ""
+            return
+        spec = cdi.build_spec(self.res, listing)
+        text = json.dumps(spec, sort_keys=True)
+        if force or text != self._cdi_written:
+            path = cdi.write_spec(self.cdi_dir, self.res, spec)
+            self._cdi_written = text
+            self.log.debug("CDI spec written", path=str(path))
+
+    def ensure_cdi_spec(self) -> None:
+        """Allocate calls this: rewrite the spec when it is not on disk (someone removed it)."""
+        if not (self.cdi_dir / cdi.spec_filename(self.res)).exists():
+            self._write_cdi(force=True)
+
+    async def _health_loop(self) -> None:
+        spec = self.res.health
+        assert spec is not None
+        while True:
+            results = await health.check_all(spec, self.table.devices())
+            changed = False
+            for dev_id, failure in results.items():
+                before = self.table.reason(dev_id)
+                changed |= self.table.set_command_health(dev_id, failure)
+                after = self.table.reason(dev_id)
+                if before != after:
+                    self.log.info("health", device_id=dev_id, healthy=not after, reason=after or None)
+            if changed:
+                self.updates.publish(listing_message(self.table.listing))
+            await asyncio.sleep(spec.interval_seconds)
+
+    # ------------------------------------------------------------ Allocate support
+
+    def lookup(self, replica_id: str) -> Listed | None:
+        return self.table.get(replica_id)
+
+    async def reset(self, entries: list[Listed]) -> None:
+        if self.res.reset is not None:
+            await health.reset(self.res.reset, [e.device for e in entries])
+
+    # ------------------------------------------------------------ serving and registration
+
+    async def _serve(self) -> None:
+        async with self._serve_lock:
+            if self._server is not None:
+                await self._server.stop(0)
+            server = UnixGrpcServer(self.socket, plugin="deviceplugin", metrics=self.agent_metrics, log=self.log)
+            server.add(api_pb2_grpc.add_DevicePluginServicer_to_server, DevicePluginServicer(self))
+            await server.start()
+            self._server = server
+            self._socket_id = identity(self.socket)
+
+    async def sync(self) -> None:
+        """Re-serve when our socket is gone or replaced; re-register when kubelet.sock is new or gone."""
+        if self.updates.closed:
+            return
+        if identity(self.socket) != self._socket_id:
+            self.log.info("socket removed, serving again", socket=str(self.socket))
+            self.registered = False
+            self._reg_state = ""
+            await self._serve()
+            self._kick.set()
+        current = identity(self.kubelet_socket)
+        if current != self._kubelet_id and (self.registered or current is not None):
+            self.registered = False
+            self._reg_state = "kubelet.sock changed"
+            self._kick.set()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def _register_loop(self) -> None:
+        while True:
+            await self._kick.wait()
+            delay = BACKOFF_MIN
+            while True:
+                self._kick.clear()
+                kubelet_id = identity(self.kubelet_socket)
+                try:
+                    await register(self.kubelet_socket, self.res, self.register_timeout)
+                except Exception as e:
+                    self.registered = False
+                    self.metrics.registrations.labels(self.res.name, "error").inc()
+                    self._state(f"not registered: {describe(e)}", warn=True)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._kick.wait(), delay)
+                    delay = min(delay * 2, BACKOFF_MAX)
+                    continue
+                self._kubelet_id = kubelet_id
+                self.registered = True
+                self.metrics.registrations.labels(self.res.name, "ok").inc()
+                self._state("registered")
+                break
+
+    def _state(self, state: str, warn: bool = False) -> None:
+        if state != self._reg_state:
+            self._reg_state = state
+            (self.log.warning if warn else self.log.info)(state, kubelet=str(self.kubelet_socket))

@@ -1,0 +1,161 @@
+"""The v1beta1 ``DevicePlugin`` service for one resource: validates, calls the core, maps errors in one place.
+
+- GetDevicePluginOptions: ``pre_start_required`` when a reset command is set; GetPreferredAllocation always offered.
+- ListAndWatch: the current listing, then every changed one, from the resource's :class:`Broadcast`; the stream
+  ends when kubelet cancels it or the resource stops.
+- GetPreferredAllocation / Allocate: :mod:`deviceplugin.policy` and :mod:`deviceplugin.cdi`; the whole request is
+  checked before any answer, so an error never comes with a partial answer.
+- PreStartContainer: the reset command for each physical device among the IDs.
+
+:func:`_status` is the one place a domain error becomes a gRPC status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn, Protocol
+
+import grpc
+
+from deviceplugin.broadcast import Broadcast
+from deviceplugin.cdi import ContainerEdits, container_edits
+from deviceplugin.config import Resource
+from deviceplugin.metrics import DevicePluginMetrics
+from deviceplugin.policy import PolicyError, check_allocation, preferred
+from deviceplugin.state import Listed, physical_id
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeplug.commands import CommandError
+
+
+class Backend(Protocol):
+    res: Resource
+    updates: Broadcast[api_pb2.ListAndWatchResponse]
+    metrics: DevicePluginMetrics
+
+    def lookup(self, replica_id: str) -> Listed | None: ...
+
+    def ensure_cdi_spec(self) -> None: ...
+
+    async def reset(self, entries: list[Listed]) -> None: ...
+
+
+def listing_message(listing: tuple[Listed, ...]) -> api_pb2.ListAndWatchResponse:
+    out = api_pb2.ListAndWatchResponse()
+    for e in listing:
+        d = out.devices.add(ID=e.id, health=e.health)
+        if e.device.numa is not None:
+            d.topology.nodes.add(ID=e.device.numa)
+    return out
+
+
+def edits_message(edits: ContainerEdits) -> api_pb2.ContainerAllocateResponse:
+    out = api_pb2.ContainerAllocateResponse(envs=edits.envs)
+    for m in edits.mounts:
+        out.mounts.add(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+    for d in edits.devices:
+        out.devices.add(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+    for name in edits.cdi_devices:
+        out.cdi_devices.add(name=name)
+    return out
+
+
+async def _status(context: grpc.aio.ServicerContext[Any, Any], e: Exception, where: str) -> NoReturn:
+    if isinstance(e, PolicyError):
+        code = grpc.StatusCode.INVALID_ARGUMENT if e.kind == "invalid" else grpc.StatusCode.FAILED_PRECONDITION
+    elif isinstance(e, CommandError):
+        code = grpc.StatusCode.INTERNAL
+    elif isinstance(e, OSError):
+        code = grpc.StatusCode.UNAVAILABLE
+    else:
+        code = grpc.StatusCode.INTERNAL
+    await context.abort(code, f"{where}: {e}")
+    raise AssertionError("abort returned")  # pragma: no cover
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, backend: Backend) -> None:
+        self.b = backend
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return options(self.b.res)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        async with contextlib.aclosing(self.b.updates.subscribe()) as updates:
+            async for msg in updates:
+                yield msg
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreferredAllocationResponse:
+        out = api_pb2.PreferredAllocationResponse()
+        try:
+            for i, creq in enumerate(request.container_requests):
+                try:
+                    ids = preferred(
+                        list(creq.available_deviceIDs),
+                        list(creq.must_include_deviceIDs),
+                        creq.allocation_size,
+                        self.b.lookup,
+                        self.b.res.allocation,
+                    )
+                except PolicyError as e:
+                    raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
+                out.container_responses.add(deviceIDs=ids)
+        except PolicyError as e:
+            await _status(context, e, "GetPreferredAllocation")
+        return out
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        start = time.perf_counter()
+        name = self.b.res.name
+        try:
+            if not request.container_requests:
+                raise PolicyError("invalid", "no container_requests")
+            chosen: list[list[Listed]] = []
+            for i, creq in enumerate(request.container_requests):
+                try:
+                    chosen.append(check_allocation(list(creq.devices_ids), self.b.lookup))
+                except PolicyError as e:
+                    raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
+            if self.b.res.cdi:
+                self.b.ensure_cdi_spec()
+            out = api_pb2.AllocateResponse()
+            for entries in chosen:
+                out.container_responses.append(edits_message(container_edits(self.b.res, entries)))
+        except (PolicyError, OSError) as e:
+            await _status(context, e, "Allocate")
+        self.b.metrics.allocations.labels(name).inc(sum(len(c) for c in chosen))
+        self.b.metrics.allocate_seconds.labels(name).observe(time.perf_counter() - start)
+        return out
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreStartContainerResponse:
+        try:
+            ids = list(request.devices_ids)
+            unknown = [i for i in ids if self.b.lookup(i) is None]
+            if unknown:
+                raise PolicyError("invalid", f"unknown device IDs: {', '.join(unknown)}")
+            physical: dict[str, Listed] = {}
+            for i in ids:
+                entry = self.b.lookup(i)
+                if entry is not None:
+                    physical.setdefault(physical_id(i), entry)
+            await self.b.reset(list(physical.values()))
+        except (PolicyError, CommandError) as e:
+            await _status(context, e, "PreStartContainer")
+        return api_pb2.PreStartContainerResponse()
+
+
+def options(res: Resource) -> api_pb2.DevicePluginOptions:
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=res.reset is not None, get_preferred_allocation_available=True
+    )
