@@ -1,0 +1,129 @@
+"""The host bridge: created when missing, brought up, given its gateway addresses.
+
+The bridge is shared by every pod of the network and by concurrent ADDs, so everything here is idempotent and
+tolerates losing a race (EEXIST from a parallel creation or address add is success). It is never removed by a failed
+ADD: other pods may already use it.
+
+Behaviour follows the reference ``bridge`` plugin:
+
+- created with ``mtu`` and a fixed random MAC (a bridge without a set MAC takes the lowest of its ports', so the pods'
+  gateway neighbour entry would go stale whenever a port comes or goes);
+- ``promiscMode`` sets IFF_PROMISC; ``vlan`` turns on VLAN filtering;
+- ``isGateway``: each IPConfig's gateway, with the address's prefix, is put on the bridge (IPv6 without DAD). Without
+  ``forceAddress`` another IPv4 address (or an overlapping IPv6 one) on the bridge is an error naming both; with it,
+  that address is replaced.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from collections.abc import Sequence
+from typing import Any
+
+from cni.dataplane.nl import (
+    IFF_PROMISC,
+    IFF_UP,
+    NetlinkError,
+    addr_args,
+    addresses,
+    get_link,
+    link_kind,
+    nl_error,
+    random_mac,
+)
+from cni.errors import DATAPLANE, CniError
+from cni.netconf import BridgeConf
+from cni.types import Interface, IPConfig
+
+IPIface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+
+def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[int, Interface]:
+    """Make sure the bridge exists, is up and carries the gateways; return its index and result interface."""
+    name = conf.bridge
+    msg = get_link(ipr, name)
+    if msg is None:
+        args: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": random_mac()}
+        if conf.mtu:
+            args["mtu"] = conf.mtu
+        try:
+            ipr.link("add", **args)
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise nl_error(f"create bridge {name}", e) from None
+        msg = get_link(ipr, name)
+        if msg is None:
+            raise CniError(DATAPLANE, details=f"bridge {name} vanished right after it was created")
+    kind = link_kind(msg)
+    if kind != "bridge":
+        raise CniError(
+            DATAPLANE, details=f"bridge {name}: a link of that name exists but is a {kind or 'non-bridge'} device"
+        )
+    index = int(msg["index"])
+    flags = int(msg["flags"])
+    want = IFF_UP | (IFF_PROMISC if conf.promisc_mode else 0)
+    if flags & want != want:
+        try:
+            ipr.link("set", index=index, flags=want, change=want)
+        except NetlinkError as e:
+            raise nl_error(f"bring bridge {name} up", e) from None
+    if conf.vlan:
+        _ensure_vlan_filtering(ipr, name, index, msg)
+    if conf.is_gateway:
+        gateways = _gateways(ips)
+        if gateways:
+            current = addresses(ipr, index)
+            for gw in gateways:
+                _ensure_addr(ipr, name, index, gw, current, conf.force_address)
+    return index, Interface(name=name, mac=str(msg.get("IFLA_ADDRESS") or ""))
+
+
+def _gateways(ips: Sequence[IPConfig]) -> list[IPIface]:
+    """One gateway per family (the first IPConfig of the family that names one), with that address's prefix."""
+    out: dict[int, IPIface] = {}
+    for ip in ips:
+        if ip.gateway is not None and ip.version not in out:
+            out[ip.version] = ipaddress.ip_interface(f"{ip.gateway}/{ip.address.network.prefixlen}")
+    return list(out.values())
+
+
+def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, current: list[IPIface], force: bool) -> None:
+    for a in current:
+        if a.version != gw.version or a.ip.is_link_local:
+            continue
+        if a == gw:
+            return
+        if gw.version == 4 or gw.ip in a.network or a.ip in gw.network:
+            if not force:
+                raise CniError(
+                    DATAPLANE,
+                    details=f"bridge {name} already has the address {a}, different from gateway {gw} "
+                    "(set forceAddress to replace it)",
+                )
+            try:
+                ipr.addr("del", index=index, address=str(a.ip), prefixlen=a.network.prefixlen)
+            except NetlinkError as e:
+                if e.code != errno.EADDRNOTAVAIL:
+                    raise nl_error(f"remove address {a} from bridge {name}", e) from None
+    try:
+        ipr.addr("add", index=index, **addr_args(gw))
+    except NetlinkError as e:
+        if e.code != errno.EEXIST:
+            raise nl_error(f"add gateway address {gw} to bridge {name}", e) from None
+
+
+def _ensure_vlan_filtering(ipr: Any, name: str, index: int, msg: Any) -> None:
+    data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+    if data is not None and data.get("IFLA_BR_VLAN_FILTERING"):
+        return
+    try:
+        ipr.link("set", index=index, kind="bridge", br_vlan_filtering=1)
+    except NetlinkError as e:
+        if e.code == errno.EOPNOTSUPP:
+            raise CniError(
+                DATAPLANE,
+                details=f"vlan: bridge {name} cannot filter VLANs: the kernel was built without "
+                "CONFIG_BRIDGE_VLAN_FILTERING",
+            ) from None
+        raise nl_error(f"turn on VLAN filtering on bridge {name}", e) from None

@@ -1,0 +1,98 @@
+"""CHECK: the attachment still looks the way ADD left it (``prevResult``).
+
+On the host: the bridge exists and the host veth is one of its ports. In the pod netns: ``ifname`` exists with the MAC
+of prevResult's interface for it (and the configured MTU), every address prevResult gives that interface is on it,
+and every route of prevResult is in the routing table. The first difference found is the error, naming it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any
+
+from cni.dataplane import names
+from cni.dataplane.netns import open_netns
+from cni.dataplane.nl import AF_INET, AF_INET6, addresses, get_link, host_socket, socket_in
+from cni.errors import DATAPLANE, CniError
+from cni.netconf import BridgeConf
+from cni.types import Result, Route
+
+_MAIN_TABLE = 254
+
+
+def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Result) -> None:
+    """Raise CniError naming the first mismatch between the kernel and ``prev``."""
+    host_name = names.host_veth_name(container_id, ifname)
+    with host_socket() as ipr:
+        br = get_link(ipr, conf.bridge)
+        if br is None:
+            raise _mismatch(f"bridge {conf.bridge} is missing")
+        hv = get_link(ipr, host_name)
+        if hv is None:
+            raise _mismatch(f"host interface {host_name} of {ifname} is missing")
+        if hv.get("IFLA_MASTER") != br["index"]:
+            raise _mismatch(f"host interface {host_name} is not a port of bridge {conf.bridge}")
+    pod_index = None
+    for i, iface in enumerate(prev.interfaces):
+        if iface.name == ifname and iface.sandbox:
+            pod_index = i
+    if pod_index is None:
+        raise _mismatch(f"prevResult has no interface {ifname} with a sandbox")
+    want = prev.interfaces[pod_index]
+    if want.sandbox != netns:
+        raise _mismatch(f"interface {ifname}: prevResult puts it in {want.sandbox}, not in {netns}")
+    nsfd = open_netns(netns)
+    try:
+        with socket_in(nsfd, netns) as nsr:
+            link = get_link(nsr, ifname)
+            if link is None:
+                raise _mismatch(f"interface {ifname} is missing from {netns}")
+            mac = str(link.get("IFLA_ADDRESS") or "")
+            if want.mac and mac.lower() != want.mac.lower():
+                raise _mismatch(f"interface {ifname}: MAC is {mac}, prevResult says {want.mac}")
+            mtu = link.get("IFLA_MTU")
+            if conf.mtu and mtu != conf.mtu:
+                raise _mismatch(f"interface {ifname}: MTU is {mtu}, the network config says {conf.mtu}")
+            have = set(addresses(nsr, int(link["index"])))
+            for ip in prev.ips:
+                if ip.interface is not None and ip.interface != pod_index:
+                    continue
+                if ip.address not in have:
+                    raise _mismatch(f"interface {ifname}: address {ip.address} is missing")
+            if prev.routes:
+                table = _routes(nsr)
+                for route in prev.routes:
+                    if not _has_route(table, route):
+                        via = f" via {route.gw}" if route.gw is not None else ""
+                        raise _mismatch(f"route {route.dst}{via} is missing from {netns}")
+    finally:
+        os.close(nsfd)
+
+
+def _mismatch(what: str) -> CniError:
+    return CniError(DATAPLANE, "CHECK failed", what)
+
+
+RouteKey = tuple[int, Any, Any]  # (table, dst network, gateway address or None)
+
+
+def _routes(nsr: Any) -> set[RouteKey]:
+    out: set[RouteKey] = set()
+    for family, zero in ((AF_INET, "0.0.0.0"), (AF_INET6, "::")):
+        for msg in nsr.route("dump", family=family):
+            dst = msg.get("RTA_DST") or zero
+            gw = msg.get("RTA_GATEWAY")
+            table = msg.get("RTA_TABLE") or msg["table"]
+            out.add(
+                (
+                    int(table),
+                    ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False),
+                    ipaddress.ip_address(gw) if gw else None,
+                )
+            )
+    return out
+
+
+def _has_route(table: set[RouteKey], route: Route) -> bool:
+    return (route.table or _MAIN_TABLE, route.dst, route.gw) in table

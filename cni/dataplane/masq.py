@@ -1,0 +1,109 @@
+"""ipMasq through nftables: one table owned by nodeplug, one rule per pod address, found again by its comment.
+
+::
+
+    table inet nodeplug {
+        chain postrouting {
+            type nat hook postrouting priority srcnat; policy accept;
+            ip saddr 10.22.0.5 ip daddr != { 10.22.0.0/16, 224.0.0.0/4 } masquerade comment "nodeplug vethXXXX net cid"
+            ip6 saddr fd00::5 ip6 daddr != { fd00::/64, ff00::/8 } masquerade comment "nodeplug vethXXXX net cid"
+        }
+    }
+
+Like the reference plugin, traffic from the pod to its own subnet and to multicast is left alone and everything else
+is masqueraded. The comment starts with the attachment's host veth name and the network (:mod:`cni.dataplane.names`)
+so DEL and GC find the rules without knowing the addresses. ADD is one ``nft -f -`` transaction (the table and chain
+declarations are no-ops when they exist, so concurrent ADDs do not race); DEL and GC list the chain as JSON and delete
+by handle in one more transaction. ``nft`` runs from the calling thread, so it works in that thread's netns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cni.dataplane import names
+from cni.errors import DATAPLANE, CniError
+from nodeplug.commands import CommandError, run
+
+TABLE = "nodeplug"
+CHAIN = "postrouting"
+NFT_TIMEOUT = 10.0
+_MULTICAST = {4: "224.0.0.0/4", 6: "ff00::/8"}
+_SKELETON = (
+    f"table inet {TABLE} {{\n  chain {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}\n}}\n"
+)
+
+
+def _nft(args: Sequence[str], script: str | None = None) -> str:
+    argv = ["nft", *args] if script is None else ["nft", *args, "-f", "-"]
+    return run(argv, timeout=NFT_TIMEOUT, input=script.encode() if script is not None else None)
+
+
+def rules_script(comment: str, addresses: Sequence[Any]) -> str:
+    """The nft script adding one rule per address (``ipaddress.IPv4Interface`` / ``IPv6Interface``)."""
+    lines = [_SKELETON]
+    for a in addresses:
+        fam = "ip" if a.version == 4 else "ip6"
+        lines.append(
+            f"add rule inet {TABLE} {CHAIN} {fam} saddr {a.ip} {fam} daddr != "
+            f'{{ {a.network}, {_MULTICAST[a.version]} }} masquerade comment "{comment}"\n'
+        )
+    return "".join(lines)
+
+
+def add_rules(network: str, host_veth: str, container_id: str, addresses: Sequence[Any]) -> None:
+    """Masquerade traffic from ``addresses`` leaving their subnets (one atomic nft transaction)."""
+    if not addresses:
+        return
+    script = rules_script(names.rule_comment(network, host_veth, container_id), addresses)
+    try:
+        _nft([], script)
+    except CommandError as e:
+        raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+
+
+def list_rules() -> list[tuple[int, str]]:
+    """``(handle, comment)`` of every rule in our chain; empty when the table (or nft itself) is absent."""
+    try:
+        out = _nft(["-j", "list", "chain", "inet", TABLE, CHAIN])
+    except CommandError as e:
+        if e.returncode is None and "not found" in e.detail:
+            return []  # nft is not installed: no rule of ours can exist
+        if "No such file or directory" in e.stderr:
+            return []
+        raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+    try:
+        items = json.loads(out).get("nftables", [])
+    except ValueError:
+        raise CniError(DATAPLANE, details=f"ipMasq: nft -j printed something that is not JSON: {out[:200]!r}") from None
+    rules = []
+    for item in items:
+        rule = item.get("rule") if isinstance(item, dict) else None
+        if isinstance(rule, dict) and "handle" in rule:
+            rules.append((int(rule["handle"]), str(rule.get("comment", ""))))
+    return rules
+
+
+def delete_rules(select: Callable[[str], bool]) -> int:
+    """Delete every rule of our chain whose comment ``select`` picks; the number deleted. A rule deleted by someone
+    else in the meantime (a parallel DEL or GC) is not an error: the listing is retried once."""
+    for attempt in range(2):
+        handles = [h for h, comment in list_rules() if select(comment)]
+        if not handles:
+            return 0
+        script = "".join(f"delete rule inet {TABLE} {CHAIN} handle {h}\n" for h in handles)
+        try:
+            _nft([], script)
+            return len(handles)
+        except CommandError as e:
+            if attempt == 0 and "No such file or directory" in e.stderr:
+                continue
+            raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+    return 0
+
+
+def delete_attachment(network: str, host_veth: str) -> int:
+    key = names.rule_key(network, host_veth)
+    return delete_rules(lambda comment: comment == key or comment.startswith(key + " "))

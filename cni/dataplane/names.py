@@ -1,0 +1,59 @@
+"""Names and marks that let DEL and GC find what ADD made, without the pod's netns and without a state file.
+
+- host veth name: ``veth`` + 8 hex digits of sha256(container_id, ifname) — the same every time for one attachment;
+- host veth alias (IFLA_IFALIAS): ``nodeplug <netkey> <ifname> <container_id>`` — marks the link as ours and says which
+  network and attachment it serves, for GC and for people reading ``ip link``;
+- nft rule comment: ``nodeplug <host veth> <netkey> <container_id>`` — DEL and GC match on the first three words.
+
+``netkey`` is the network name, or ``#`` + 12 hex digits of its hash when the name is too long to leave room for the
+container id in a 127-byte rule comment. Network names (and container ids) never contain spaces, so the words split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+ALIAS_PREFIX = "nodeplug "
+_ALIAS_MAX = 255  # IFALIASZ - 1
+_COMMENT_MAX = 127  # NFT_USERDATA_MAXLEN is 256, but nft limits comments to 128 bytes including the NUL
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.#\- ]")
+
+
+def host_veth_name(container_id: str, ifname: str) -> str:
+    """The host end's name for one attachment: ``veth`` + 8 hex digits (12 characters, under IFNAMSIZ)."""
+    return "veth" + hashlib.sha256(f"{container_id}\0{ifname}".encode()).hexdigest()[:8]
+
+
+def netkey(network: str) -> str:
+    if len(network) <= 48:
+        return network
+    return "#" + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def alias(network: str, container_id: str, ifname: str) -> str:
+    return f"{ALIAS_PREFIX}{netkey(network)} {ifname} {container_id}"[:_ALIAS_MAX]
+
+
+def alias_network_prefix(network: str) -> str:
+    """Every host veth of ``network`` has an alias starting with this."""
+    return f"{ALIAS_PREFIX}{netkey(network)} "
+
+
+def rule_key(network: str, host_veth: str) -> str:
+    """The start of the comment of every masquerade rule of one attachment."""
+    return f"{ALIAS_PREFIX}{host_veth} {netkey(network)}"
+
+
+def rule_comment(network: str, host_veth: str, container_id: str) -> str:
+    """The whole comment; anything but letters, digits, ``_.-#`` becomes ``_`` so it is safe inside nft quotes."""
+    return _UNSAFE.sub("_", f"{rule_key(network, host_veth)} {container_id}")[:_COMMENT_MAX]
+
+
+def parse_rule_comment(comment: str) -> tuple[str, str] | None:
+    """``(host_veth, netkey)`` of one of our rule comments; None for anybody else's."""
+    words = comment.split(" ")
+    if len(words) < 3 or words[0] != ALIAS_PREFIX.strip():
+        return None
+    return words[1], words[2]

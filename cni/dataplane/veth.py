@@ -1,0 +1,79 @@
+"""The veth pair: host end on the bridge, the other end created directly inside the pod's netns as ``ifname``.
+
+Creating the peer in the target netns under its final name (VETH_INFO_PEER with IFLA_NET_NS_FD) is one atomic netlink
+request: when ``ifname`` is already taken in the pod, the kernel refuses it and nothing is left on either side, and
+there is no temporary name to rename. The host end gets its deterministic name (:func:`names.host_veth_name`), the
+bridge as master, the MTU, and an alias marking it as ours; hairpin and the VLAN go on the bridge port.
+
+Deleting the host end deletes the pair, so DEL never needs the pod's netns.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from cni.dataplane.nl import IFF_UP, NetlinkError, get_link, nl_error
+from cni.errors import DATAPLANE, CniError
+from cni.netconf import BridgeConf
+from cni.types import Interface
+
+
+def create_pair(
+    ipr: Any, conf: BridgeConf, bridge_index: int, host_name: str, nsfd: int, netns: str, ifname: str
+) -> tuple[int, Interface]:
+    """Create the pair (host end down, on the bridge); return the host end's index and result interface."""
+    peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": nsfd}
+    args: dict[str, Any] = {"ifname": host_name, "kind": "veth", "peer": peer, "master": bridge_index}
+    if conf.mtu:
+        args["mtu"] = conf.mtu
+        peer["mtu"] = conf.mtu
+    try:
+        ipr.link("add", **args)
+    except NetlinkError as e:
+        if e.code == errno.EEXIST:
+            if get_link(ipr, host_name) is not None:
+                raise CniError(
+                    DATAPLANE,
+                    details=f"host interface {host_name} for this container and ifname {ifname} already exists: "
+                    "the attachment is already set up (DEL it first)",
+                ) from None
+            raise CniError(
+                DATAPLANE, details=f"interface {ifname} already exists in the network namespace {netns}"
+            ) from None
+        raise nl_error(f"create veth pair {host_name} / {ifname}", e) from None
+    msg = get_link(ipr, host_name)
+    if msg is None:
+        raise CniError(DATAPLANE, details=f"host interface {host_name} vanished right after it was created")
+    return int(msg["index"]), Interface(name=host_name, mac=str(msg.get("IFLA_ADDRESS") or ""))
+
+
+def configure_host_port(ipr: Any, conf: BridgeConf, index: int, host_name: str, alias: str) -> None:
+    """Hairpin and VLAN on the bridge port, then the alias and up in one request."""
+    if conf.hairpin_mode:
+        try:
+            ipr.brport("set", index=index, mode=1)
+        except NetlinkError as e:
+            raise nl_error(f"turn on hairpin mode on bridge port {host_name}", e) from None
+    if conf.vlan:
+        try:
+            ipr.vlan_filter("add", index=index, vlan_info={"vid": conf.vlan, "pvid": True})
+            if conf.vlan != 1:
+                ipr.vlan_filter("del", index=index, vlan_info={"vid": 1})
+        except NetlinkError as e:
+            raise nl_error(f"vlan: put bridge port {host_name} into VLAN {conf.vlan}", e) from None
+    try:
+        ipr.link("set", index=index, ifalias=alias, flags=IFF_UP, change=IFF_UP)
+    except NetlinkError as e:
+        raise nl_error(f"bring {host_name} up", e) from None
+
+
+def delete_host_end(ipr: Any, host_name: str) -> bool:
+    """Delete the pair through its host end; False when it was already gone."""
+    try:
+        ipr.link("del", ifname=host_name)
+    except NetlinkError as e:
+        if e.code == errno.ENODEV:
+            return False
+        raise nl_error(f"delete host interface {host_name}", e) from None
+    return True

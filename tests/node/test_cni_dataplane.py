@@ -1,0 +1,395 @@
+"""The CNI dataplane on real kernel objects: a test "host" netns (so the root netns is untouched) and pod netns.
+
+Every dataplane call runs on a worker thread that has entered the test host netns, as the agent's worker threads run
+in the node's netns; set-up and assertions use ip(8), nft(8) and ping(8) with ``-n``/``ip netns exec``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import pytest
+
+from cni import dataplane
+from cni.dataplane import names
+from cni.dataplane.netns import entered
+from cni.errors import DATAPLANE, CniError
+from cni.netconf import BridgeConf
+from cni.types import Interface, IPConfig, Result, Route
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns, bridges and veth pairs")
+
+T = TypeVar("T")
+BR = "npbr0"
+GW4, GW6 = "10.77.0.1", "fd77::1"
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+class Host:
+    """A test netns playing the node: :meth:`call` runs a function on a thread inside it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.path = f"/run/netns/{name}"
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        def inside() -> T:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                with entered(fd):
+                    return fn(*args)
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(1) as ex:
+            return ex.submit(inside).result()
+
+    def ip(self, *args: str) -> Any:
+        return json.loads(sh("ip", "-n", self.name, "-j", *args) or "[]")
+
+    def link(self, name: str) -> dict[str, Any] | None:
+        out = subprocess.run(["ip", "-n", self.name, "-j", "-d", "link", "show", name], capture_output=True, text=True)
+        return json.loads(out.stdout)[0] if out.returncode == 0 else None
+
+    def nft_rules(self) -> list[dict[str, Any]]:
+        p = subprocess.run(
+            ["ip", "netns", "exec", self.name, "nft", "-j", "list", "table", "inet", "nodeplug"],
+            capture_output=True,
+            text=True,
+        )
+        if p.returncode != 0:
+            return []
+        return [x["rule"] for x in json.loads(p.stdout)["nftables"] if "rule" in x]
+
+
+@pytest.fixture
+def host(netns: Callable[[], str]) -> Host:
+    return Host(netns())
+
+
+@pytest.fixture
+def pod(netns: Callable[[], str]) -> Callable[[], str]:
+    def make() -> str:
+        return f"/run/netns/{netns()}"
+
+    return make
+
+
+def conf(**kw: Any) -> BridgeConf:
+    base = BridgeConf(name="nptest", cni_version="1.0.0", bridge=BR, is_gateway=True)
+    return replace(base, **kw)
+
+
+def v4(addr: str = "10.77.0.5/24", gw: str | None = GW4) -> IPConfig:
+    return IPConfig(ipaddress.ip_interface(addr), ipaddress.ip_address(gw) if gw else None)
+
+
+def v6(addr: str = "fd77::5/64", gw: str | None = GW6) -> IPConfig:
+    return IPConfig(ipaddress.ip_interface(addr), ipaddress.ip_address(gw) if gw else None)
+
+
+def default_routes(*ips: IPConfig) -> list[Route]:
+    return [Route(ipaddress.ip_network("::/0" if ip.version == 6 else "0.0.0.0/0"), ip.gateway) for ip in ips]
+
+
+def pod_ip(ns: str, *args: str) -> Any:
+    return json.loads(sh("ip", "-n", os.path.basename(ns), "-j", *args) or "[]")
+
+
+def pod_addrs(ns: str, ifname: str = "eth0") -> dict[str, dict[str, Any]]:
+    out = pod_ip(ns, "addr", "show", "dev", ifname)
+    return {f"{a['local']}/{a['prefixlen']}": a for a in out[0]["addr_info"]} if out else {}
+
+
+def ping(ns: str, addr: str) -> None:
+    sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
+
+
+def add(
+    host: Host, c: BridgeConf, ns: str, cid: str = "c1", ifname: str = "eth0", ips: Any = None, routes: Any = None
+) -> list[Interface]:
+    ips = [v4()] if ips is None else ips
+    routes = default_routes(*ips) if routes is None else routes
+    return host.call(dataplane.add, c, cid, ns, ifname, ips, routes)
+
+
+# ---------------------------------------------------------------- ADD
+
+
+def test_add_builds_bridge_veth_addresses_routes_and_reaches_the_gateway(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    c = conf(mtu=1400)
+    br, hv, ctr = add(host, c, ns)
+    assert br.name == BR and hv.name == names.host_veth_name("c1", "eth0") and ctr.name == "eth0"
+    assert ctr.sandbox == ns and not br.sandbox and not hv.sandbox
+
+    bridge = host.link(BR)
+    assert bridge is not None and bridge["linkinfo"]["info_kind"] == "bridge" and bridge["mtu"] == 1400
+    assert bridge["address"] == br.mac and "UP" in bridge["flags"]
+    assert [a["local"] for a in host.ip("addr", "show", "dev", BR)[0]["addr_info"] if a["family"] == "inet"] == [GW4]
+
+    port = host.link(hv.name)
+    assert port is not None and port["master"] == BR and port["mtu"] == 1400 and "UP" in port["flags"]
+    assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1"
+
+    link = pod_ip(ns, "link", "show", "eth0")[0]
+    assert link["address"] == ctr.mac and link["mtu"] == 1400 and "UP" in link["flags"]
+    assert "10.77.0.5/24" in pod_addrs(ns)
+    assert "UP" in pod_ip(ns, "link", "show", "lo")[0]["flags"]
+    routes = pod_ip(ns, "route", "show", "default")
+    assert [(r["gateway"], r["dev"]) for r in routes] == [(GW4, "eth0")]
+    ping(ns, GW4)
+
+
+def test_dual_stack_addresses_are_usable_at_once(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    ips = [v4(), v6()]
+    add(host, conf(), ns, ips=ips)
+    addrs = pod_addrs(ns)
+    assert "fd77::5/64" in addrs and "10.77.0.5/24" in addrs
+    assert not any(a.get("tentative") for a in addrs.values()), addrs
+    assert (
+        sh("ip", "netns", "exec", os.path.basename(ns), "sysctl", "-n", "net.ipv6.conf.eth0.accept_dad").strip() == "0"
+    )
+    bridge6 = {a["local"] for a in host.ip("-6", "addr", "show", "dev", BR)[0]["addr_info"]}
+    assert GW6 in bridge6
+    assert pod_ip(ns, "-6", "route", "show", "default")[0]["gateway"] == GW6
+    ping(ns, GW6)
+    ping(ns, GW4)
+    fwd = sh("ip", "netns", "exec", host.name, "sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding")
+    assert fwd.split() == ["1", "1"]
+
+
+def test_hairpin_and_promisc(host: Host, pod: Callable[[], str]) -> None:
+    _, hv, _ = add(host, conf(hairpin_mode=True, promisc_mode=True), pod())
+    port = host.link(hv.name)
+    assert port is not None and port["linkinfo"]["info_slave_data"]["hairpin"] is True
+    assert "PROMISC" in (host.link(BR) or {})["flags"]
+
+
+def test_link_routes_and_route_attributes(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    routes = [
+        Route(ipaddress.ip_network("10.99.0.0/16"), ipaddress.ip_address(GW4), mtu=1300),
+        Route(ipaddress.ip_network("10.98.0.0/16")),
+        Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address(GW4), priority=50),
+    ]
+    add(host, conf(), ns, routes=routes)
+    by_dst = {r["dst"]: r for r in pod_ip(ns, "-d", "route", "show")}
+    assert by_dst["10.99.0.0/16"]["gateway"] == GW4 and by_dst["10.99.0.0/16"]["metrics"] == [{"mtu": 1300}]
+    assert by_dst["10.98.0.0/16"]["scope"] == "link" and "gateway" not in by_dst["10.98.0.0/16"]
+    assert by_dst["default"]["metric"] == 50
+
+
+def test_two_pods_share_the_bridge_and_talk(host: Host, pod: Callable[[], str]) -> None:
+    a, b = pod(), pod()
+    add(host, conf(), a, cid="ca")
+    add(host, conf(), b, cid="cb", ips=[v4("10.77.0.6/24")])
+    ping(a, "10.77.0.6")
+    ports = [link["ifname"] for link in host.ip("link", "show", "master", BR)]
+    assert sorted(ports) == sorted([names.host_veth_name("ca", "eth0"), names.host_veth_name("cb", "eth0")])
+
+
+def test_gateway_conflict_and_force_address(host: Host, pod: Callable[[], str]) -> None:
+    add(host, conf(), pod(), cid="ca")
+    other = [v4("10.78.0.5/24", "10.78.0.1")]
+    with pytest.raises(CniError) as e:
+        add(host, conf(), pod(), cid="cb", ips=other)
+    assert e.value.code == DATAPLANE and "already has the address 10.77.0.1/24" in e.value.details
+    assert host.link(names.host_veth_name("cb", "eth0")) is None
+    add(host, conf(force_address=True), pod(), cid="cc", ips=other)
+    v4s = [a["local"] for a in host.ip("addr", "show", "dev", BR)[0]["addr_info"] if a["family"] == "inet"]
+    assert v4s == ["10.78.0.1"]
+
+
+def test_not_a_bridge_is_refused(host: Host, pod: Callable[[], str]) -> None:
+    sh("ip", "-n", host.name, "link", "add", BR, "type", "veth", "peer", "name", "npbr0peer")
+    with pytest.raises(CniError, match="exists but is a veth device"):
+        add(host, conf(), pod())
+    with pytest.raises(CniError) as e:
+        host.call(dataplane.status, conf())
+    assert e.value.code == 50
+
+
+# ---------------------------------------------------------------- masquerade, DEL, rollback
+
+
+def test_masquerade_rules_added_and_removed_on_del(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    c = conf(ip_masq=True)
+    _, hv, _ = add(host, c, ns, ips=[v4(), v6()])
+    rules = host.nft_rules()
+    assert len(rules) == 2
+    assert {r["comment"] for r in rules} == {f"nodeplug {hv.name} nptest c1"}
+    text = sh("ip", "netns", "exec", host.name, "nft", "list", "table", "inet", "nodeplug")
+    assert "ip saddr 10.77.0.5 ip daddr != { 10.77.0.0/24, 224.0.0.0/4 } masquerade" in text
+    assert "ip6 saddr fd77::5 ip6 daddr != { fd77::/64, ff00::/8 } masquerade" in text
+    host.call(dataplane.delete, c, "c1", ns, "eth0", [v4(), v6()])
+    assert host.nft_rules() == []
+    assert host.link(hv.name) is None
+    assert pod_ip(ns, "link", "show") and not [x for x in pod_ip(ns, "link", "show") if x["ifname"] == "eth0"]
+
+
+def test_del_twice_and_without_netns(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    c = conf(ip_masq=True)
+    _, hv, _ = add(host, c, ns)
+    host.call(dataplane.delete, c, "c1", None, "eth0", [])
+    assert host.link(hv.name) is None and host.nft_rules() == []
+    host.call(dataplane.delete, c, "c1", None, "eth0", [])
+    host.call(dataplane.delete, c, "c1", ns, "eth0", [v4()])
+    host.call(dataplane.delete, c, "never-added", "/run/netns/gone", "eth0", [v4()])
+
+
+def test_del_after_the_netns_is_gone(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    c = conf(ip_masq=True)
+    _, hv, _ = add(host, c, ns)
+    sh("ip", "netns", "delete", os.path.basename(ns))
+    host.call(dataplane.delete, c, "c1", ns, "eth0", [v4()])
+    assert host.link(hv.name) is None and host.nft_rules() == []
+
+
+def test_del_leaves_another_network_rules_alone(host: Host, pod: Callable[[], str]) -> None:
+    add(host, conf(ip_masq=True), pod(), cid="ca")
+    add(host, conf(name="other", ip_masq=True), pod(), cid="cb", ips=[v4("10.77.0.6/24")])
+    host.call(dataplane.delete, conf(ip_masq=True), "ca", None, "eth0", [])
+    assert [r["comment"].split()[2] for r in host.nft_rules()] == ["other"]
+
+
+def _nothing_left(host: Host, ns: str, cid: str = "c1") -> None:
+    assert host.link(names.host_veth_name(cid, "eth0")) is None
+    assert [x["ifname"] for x in pod_ip(ns, "link", "show")] == ["lo"]
+    assert host.nft_rules() == []
+
+
+def test_rollback_when_an_address_cannot_be_added(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    ips = [v4(), v4()]  # the second add of the same address fails with EEXIST
+    with pytest.raises(CniError) as e:
+        add(host, conf(ip_masq=True), ns, ips=ips)
+    assert e.value.code == DATAPLANE and "add address 10.77.0.5/24 to eth0" in e.value.details
+    _nothing_left(host, ns)
+
+
+def test_rollback_when_ifname_exists_in_the_netns(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    sh("ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "podown0")
+    with pytest.raises(CniError, match="interface eth0 already exists in the network namespace"):
+        add(host, conf(ip_masq=True), ns)
+    assert host.link(names.host_veth_name("c1", "eth0")) is None and host.nft_rules() == []
+    assert sorted(x["ifname"] for x in pod_ip(ns, "link", "show")) == ["eth0", "lo", "podown0"]  # the pod's own
+
+
+def test_rollback_when_a_route_fails_removes_the_rule_too(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    unreachable = [Route(ipaddress.ip_network("10.99.0.0/16"), ipaddress.ip_address("192.0.2.1"))]
+    with pytest.raises(CniError, match="add route 10.99.0.0/16 via 192.0.2.1 dev eth0"):
+        add(host, conf(ip_masq=True), ns, routes=unreachable)
+    _nothing_left(host, ns)
+
+
+def test_vlan(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    try:
+        _, hv, _ = add(host, conf(vlan=100), ns)
+    except CniError as e:
+        # kernels without CONFIG_BRIDGE_VLAN_FILTERING: a clear error and nothing left behind
+        assert "CONFIG_BRIDGE_VLAN_FILTERING" in e.details
+        _nothing_left(host, ns)
+        return
+    vlans = json.loads(sh("bridge", "-n", host.name, "-j", "vlan", "show", "dev", hv.name))
+    assert [v["vlan"] for v in vlans[0]["vlans"]] == [100]
+
+
+def test_bad_netns(host: Host) -> None:
+    with pytest.raises(CniError) as e:
+        add(host, conf(), "/run/netns/does-not-exist")
+    assert e.value.code == 4 and "does-not-exist" in e.value.details
+    with pytest.raises(CniError, match="host's own network namespace"):
+        add(host, conf(), host.path)
+
+
+# ---------------------------------------------------------------- CHECK, GC, STATUS
+
+
+def _result(ifaces: list[Interface], ips: list[IPConfig], routes: list[Route]) -> Result:
+    return Result("1.0.0", tuple(ifaces), tuple(replace(ip, interface=2) for ip in ips), tuple(routes))
+
+
+def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: Callable[[], str]) -> None:
+    ns = pod()
+    ips = [v4(), v6()]
+    routes = default_routes(*ips)
+    prev = _result(add(host, conf(mtu=1400), ns, ips=ips), ips, routes)
+    host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+    with pytest.raises(CniError, match="MTU is 1400, the network config says 1500"):
+        host.call(dataplane.check, conf(mtu=1500), "c1", ns, "eth0", prev)
+    sh("ip", "-n", os.path.basename(ns), "route", "del", "default")
+    with pytest.raises(CniError, match="route 0.0.0.0/0 via 10.77.0.1 is missing"):
+        host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+    sh("ip", "-n", os.path.basename(ns), "addr", "del", "fd77::5/64", "dev", "eth0")
+    with pytest.raises(CniError, match="address fd77::5/64 is missing"):
+        host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+    bad_mac = replace(prev, interfaces=(*prev.interfaces[:2], replace(prev.interfaces[2], mac="02:00:00:00:00:01")))
+    with pytest.raises(CniError, match="MAC is"):
+        host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", bad_mac)
+    host.call(dataplane.delete, conf(), "c1", ns, "eth0", ips)
+    with pytest.raises(CniError, match="host interface veth[0-9a-f]{8} of eth0 is missing"):
+        host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+
+
+def test_gc_removes_stale_veths_and_rules_only(host: Host, pod: Callable[[], str]) -> None:
+    c = conf(ip_masq=True)
+    add(host, c, pod(), cid="keep")
+    stale_ns = pod()
+    add(host, c, stale_ns, cid="stale", ips=[v4("10.77.0.6/24")])
+    add(host, conf(name="other", ip_masq=True), pod(), cid="foreign", ips=[v4("10.77.0.7/24")])
+    sh("ip", "-n", host.name, "link", "add", "vethnotours", "type", "veth", "peer", "name", "vethnotours1")
+    host.call(dataplane.gc, c, [("keep", "eth0")])
+    assert host.link(names.host_veth_name("stale", "eth0")) is None
+    assert [x["ifname"] for x in pod_ip(stale_ns, "link", "show")] == ["lo"]
+    for cid in ("keep", "foreign"):
+        assert host.link(names.host_veth_name(cid, "eth0")) is not None
+    assert host.link("vethnotours") is not None
+    assert sorted(r["comment"].split()[3] for r in host.nft_rules()) == ["foreign", "keep"]
+
+
+def test_status_ok(host: Host) -> None:
+    host.call(dataplane.status, conf(ip_masq=True))
+
+
+def test_concurrent_adds_on_a_new_bridge(host: Host, pod: Callable[[], str]) -> None:
+    pods = [pod() for _ in range(8)]
+    c = conf(ip_masq=True)
+
+    def one(i: int) -> list[Interface]:
+        return dataplane.add(c, f"c{i}", pods[i], "eth0", [v4(f"10.77.0.{10 + i}/24")], default_routes(v4()))
+
+    fd = os.open(host.path, os.O_RDONLY)
+
+    def in_host(i: int) -> list[Interface]:
+        with entered(fd):
+            return one(i)
+
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(in_host, range(8)))
+    finally:
+        os.close(fd)
+    assert len({r[1].name for r in results}) == 8 and len(host.nft_rules()) == 8
+    for i in range(8):
+        ping(pods[i], GW4)
