@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -297,7 +298,7 @@ def test_rollback_when_ifname_exists_in_the_netns(host: Host, pod: Callable[[], 
 def test_rollback_when_a_route_fails_removes_the_rule_too(host: Host, pod: Callable[[], str]) -> None:
     ns = pod()
     unreachable = [Route(ipaddress.ip_network("10.99.0.0/16"), ipaddress.ip_address("192.0.2.1"))]
-    with pytest.raises(CniError, match="add route 10.99.0.0/16 via 192.0.2.1 dev eth0"):
+    with pytest.raises(CniError, match=re.escape("add route 10.99.0.0/16 via 192.0.2.1 dev eth0")):
         add(host, conf(ip_masq=True), ns, routes=unreachable)
     _nothing_left(host, ns)
 
@@ -339,7 +340,7 @@ def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: 
     with pytest.raises(CniError, match="MTU is 1400, the network config says 1500"):
         host.call(dataplane.check, conf(mtu=1500), "c1", ns, "eth0", prev)
     sh("ip", "-n", os.path.basename(ns), "route", "del", "default")
-    with pytest.raises(CniError, match="route 0.0.0.0/0 via 10.77.0.1 is missing"):
+    with pytest.raises(CniError, match=re.escape("route 0.0.0.0/0 via 10.77.0.1 is missing")):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
     sh("ip", "-n", os.path.basename(ns), "addr", "del", "fd77::5/64", "dev", "eth0")
     with pytest.raises(CniError, match="address fd77::5/64 is missing"):
@@ -348,7 +349,7 @@ def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: 
     with pytest.raises(CniError, match="MAC is"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", bad_mac)
     host.call(dataplane.delete, conf(), "c1", ns, "eth0", ips)
-    with pytest.raises(CniError, match="host interface veth[0-9a-f]{8} of eth0 is missing"):
+    with pytest.raises(CniError, match=r"host interface veth[0-9a-f]{8} of eth0 is missing"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
 
 
