@@ -1,5 +1,17 @@
-"""CNI commands (ADD, DEL, CHECK, GC, STATUS) over IPAM and the dataplane. (Orchestration lands next; the dataplane
-contract below is fixed.)
+"""CNI commands (ADD, DEL, CHECK, GC, STATUS) as a table of handlers over IPAM and the dataplane.
+
+:func:`table` builds the handler table :func:`cni.skel.run` dispatches on. Each handler takes a validated
+:class:`cni.skel.Request`; bridge-mode configs run IPAM and the dataplane, IPAM-plugin-mode configs go to
+:mod:`cni.ipam.pluginmode`.
+
+- ADD: IPAM (built in or delegated) -> routes resolved (each route's gateway filled in from its family's address;
+  default routes for ``isDefaultGateway``) -> ``dataplane.add``. If the dataplane fails the lease is released (or the
+  delegate's DEL is run) before the error is returned: a failed ADD leaves no lease.
+- DEL: the addresses (from the store, or prevResult for a delegate) -> ``dataplane.delete`` (idempotent; a missing
+  netns or veth is fine) -> release. The lease is only released once the dataplane no longer uses the address.
+- CHECK: prevResult required; its addresses are leased to this container; ``dataplane.check`` against it.
+- GC: ``cni.dev/valid-attachments`` required; every other lease released; ``dataplane.gc``.
+- STATUS: the store opens and every range set has a free address (code 50 otherwise); ``dataplane.status``.
 
 The contract between this orchestration and the dataplane (:mod:`cni.dataplane`):
 
@@ -22,16 +34,25 @@ level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so
   (``(container_id, ifname)`` pairs).
 - ``status(conf)``: raises CniError 50 when ADD cannot work (no netlink, no nft when ipMasq is set, ...).
 
-Standard library only (it is imported by the orchestration, which the agent and the standalone fallback share).
+Standard library only apart from the dataplane the caller passes in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+import ipaddress
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Protocol
 
-from cni.netconf import BridgeConf
-from cni.types import Interface, IPConfig, Result, Route
+from cni.errors import INVALID_NETWORK_CONFIG, CniError
+from cni.ipam import delegate, pluginmode, service
+from cni.ipam.service import StoreOpener
+from cni.netconf import BridgeConf, IpamPluginConf
+from cni.skel import Handler, Request
+from cni.types import Interface, IPAddress, IPConfig, Result, Route
+
+CONTAINER_IFACE_INDEX = 2  # dataplane.add returns [bridge, host veth, container interface]
 
 
 class Dataplane(Protocol):
@@ -54,3 +75,151 @@ class Dataplane(Protocol):
     def gc(self, conf: BridgeConf, valid: Collection[tuple[str, str]]) -> None: ...
 
     def status(self, conf: BridgeConf) -> None: ...
+
+
+def resolve_routes(conf: BridgeConf, ips: Sequence[IPConfig], routes: Sequence[Route]) -> list[Route]:
+    """Fill each route's gateway from its family's address (as host-local + bridge do); add isDefaultGateway routes."""
+    gw_of: dict[int, IPAddress] = {}
+    for ip in ips:
+        if ip.gateway is not None:
+            gw_of.setdefault(ip.version, ip.gateway)
+    out = [r if r.gw is not None or r.dst.version not in gw_of else replace(r, gw=gw_of[r.dst.version]) for r in routes]
+    if conf.is_default_gateway:
+        for version, gw in sorted(gw_of.items()):
+            default = ipaddress.ip_network("0.0.0.0/0" if version == 4 else "::/0")
+            if not any(r.dst == default for r in out):
+                out.append(Route(default, gw))
+    return out
+
+
+def _best_effort(fn: Callable[[], object]) -> Callable[[], None]:
+    """An undo step: it must not hide the error that made us undo."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            fn()
+
+    return run
+
+
+class Commands:
+    """The handlers, bound to a dataplane and (for tests) a store opener."""
+
+    def __init__(self, dataplane: Dataplane, opener: StoreOpener | None = None) -> None:
+        self.dp = dataplane
+        self.opener = opener
+
+    # ------------------------------------------------------------ ADD
+
+    def add(self, req: Request) -> Result:
+        conf = req.conf
+        if isinstance(conf, IpamPluginConf):
+            return pluginmode.add(req, conf, self.opener)
+        assert isinstance(conf, BridgeConf)
+        ips: list[IPConfig] = []
+        ipam_routes: Sequence[Route] = ()
+        dns = conf.dns
+        with contextlib.ExitStack() as undo:
+            if conf.ipam_conf is not None:
+                requested = service.requested_ips(conf.runtime_config, conf.args, req.args.ips)
+                ips = service.add(conf.name, conf.ipam_conf, req.container_id, req.ifname, requested, self.opener)
+                undo.callback(
+                    _best_effort(
+                        lambda: service.release(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)  # type: ignore[arg-type]
+                    )
+                )
+                ipam_routes = conf.ipam_conf.routes
+                dns = dns or conf.ipam_conf.dns
+            elif conf.ipam_type:
+                got = delegate.ipam_add(conf.ipam_type, req.env, req.stdin, req.path)
+                undo.callback(
+                    _best_effort(lambda: delegate.exec_plugin(conf.ipam_type, "DEL", req.env, req.stdin, req.path))
+                )
+                ips = [replace(ip, interface=None) for ip in got.ips]
+                ipam_routes = got.routes
+                dns = dns or got.dns
+            routes = resolve_routes(conf, ips, ipam_routes)
+            interfaces = self.dp.add(conf, req.container_id, req.netns, req.ifname, ips, routes)
+            undo.pop_all()
+        return Result(
+            cni_version=conf.cni_version,
+            interfaces=tuple(interfaces),
+            ips=tuple(replace(ip, interface=CONTAINER_IFACE_INDEX) for ip in ips),
+            routes=tuple(routes),
+            dns=dns,
+        )
+
+    # ------------------------------------------------------------ DEL
+
+    def delete(self, req: Request) -> None:
+        conf = req.conf
+        if isinstance(conf, IpamPluginConf):
+            pluginmode.delete(req, conf, self.opener)
+            return
+        assert isinstance(conf, BridgeConf)
+        if conf.ipam_conf is not None:
+            ips = service.leased(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)
+        else:
+            ips = list(conf.prev_result.ips) if conf.prev_result is not None else []
+        self.dp.delete(conf, req.container_id, req.netns or None, req.ifname, ips)
+        if conf.ipam_conf is not None:
+            service.release(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)
+        elif conf.ipam_type:
+            delegate.exec_plugin(conf.ipam_type, "DEL", req.env, req.stdin, req.path)
+
+    # ------------------------------------------------------------ CHECK
+
+    def check(self, req: Request) -> None:
+        conf = req.conf
+        if isinstance(conf, IpamPluginConf):
+            pluginmode.check(req, conf, self.opener)
+            return
+        assert isinstance(conf, BridgeConf)
+        prev = conf.prev_result
+        if prev is None:
+            raise CniError(INVALID_NETWORK_CONFIG, details="prevResult: required for CHECK (the result of ADD)")
+        if conf.ipam_conf is not None:
+            service.check(conf.name, conf.ipam_conf, req.container_id, req.ifname, prev.ips, self.opener)
+        elif conf.ipam_type:
+            delegate.exec_plugin(conf.ipam_type, "CHECK", req.env, req.stdin, req.path)
+        self.dp.check(conf, req.container_id, req.netns, req.ifname, prev)
+
+    # ------------------------------------------------------------ GC
+
+    def gc(self, req: Request) -> None:
+        conf = req.conf
+        valid = conf.valid_attachments
+        if valid is None:
+            raise CniError(
+                INVALID_NETWORK_CONFIG, details="cni.dev/valid-attachments: required for GC (the attachments to keep)"
+            )
+        if isinstance(conf, IpamPluginConf):
+            pluginmode.gc(req, conf, self.opener)
+            return
+        assert isinstance(conf, BridgeConf)
+        if conf.ipam_conf is not None:
+            service.gc(conf.name, conf.ipam_conf, valid, self.opener)
+        elif conf.ipam_type:
+            delegate.exec_plugin(conf.ipam_type, "GC", req.env, req.stdin, req.path)
+        self.dp.gc(conf, valid)
+
+    # ------------------------------------------------------------ STATUS
+
+    def status(self, req: Request) -> None:
+        conf = req.conf
+        if isinstance(conf, IpamPluginConf):
+            pluginmode.status(req, conf, self.opener)
+            return
+        assert isinstance(conf, BridgeConf)
+        if conf.ipam_conf is not None:
+            service.require_available(conf.name, conf.ipam_conf, self.opener)
+        elif conf.ipam_type:
+            delegate.exec_plugin(conf.ipam_type, "STATUS", req.env, req.stdin, req.path)
+        self.dp.status(conf)
+
+    def table(self) -> dict[str, Handler]:
+        return {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "GC": self.gc, "STATUS": self.status}
+
+
+def table(dataplane: Dataplane, opener: StoreOpener | None = None) -> dict[str, Handler]:
+    return Commands(dataplane, opener).table()

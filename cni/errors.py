@@ -27,7 +27,7 @@ PLUGIN_NOT_AVAILABLE = 50  # STATUS: the plugin cannot service ADD requests
 LIMITED_CONNECTIVITY = 51  # STATUS: not available, and existing containers may have limited connectivity
 
 # Plugin-specific codes (100 and above).
-INTERNAL = 100  # an unexpected failure inside nodeplug (a bug, or a kernel call failing unexpectedly)
+INTERNAL = 999  # an unexpected failure (a bug, or a kernel call failing unexpectedly); 999 as the Go libcni
 DATAPLANE = 101  # netlink / nftables work failed
 IPAM_EXHAUSTED = 102  # no address left in a range set
 IPAM_STORE = 103  # the lease store cannot be used

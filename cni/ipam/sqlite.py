@@ -1,0 +1,152 @@
+"""The SQLite lease store: one database file per network in the IPAM ``dataDir``.
+
+Shared by the warm agent and any number of concurrent entry-point processes. Safety comes from SQLite alone:
+
+- WAL journal, ``synchronous=NORMAL``: a committed lease survives kill -9 of any process at any moment;
+- every allocation, release and GC is one ``BEGIN IMMEDIATE`` transaction (the write lock is taken before the
+  allocator reads what is free), so two processes never lease the same address;
+- ``ip`` is the primary key: even a logic error cannot store a duplicate;
+- a busy timeout (30 s) queues writers instead of failing them.
+
+Within a process one connection is shared under a lock (the agent runs commands in a thread pool).
+File names: ``<dataDir>/<network name>.db`` (network names are restricted to ``[A-Za-z0-9_.-]`` by the config parser).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from cni.errors import IPAM_STORE, CniError
+from cni.ipam.store import Lease
+
+BUSY_TIMEOUT = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    ip TEXT PRIMARY KEY,
+    container_id TEXT NOT NULL,
+    ifname TEXT NOT NULL,
+    range_key TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_owner ON leases (container_id, ifname);
+CREATE TABLE IF NOT EXISTS last_reserved (
+    range_key TEXT PRIMARY KEY,
+    ip TEXT NOT NULL
+);
+"""
+
+
+def db_path(data_dir: str | Path, network: str) -> Path:
+    return Path(data_dir) / f"{network}.db"
+
+
+class SqliteTxn:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def reserve(self, lease: Lease) -> bool:
+        cur = self._c.execute(
+            "INSERT OR IGNORE INTO leases (ip, container_id, ifname, range_key) VALUES (?, ?, ?, ?)",
+            (lease.ip, lease.container_id, lease.ifname, lease.range_key),
+        )
+        return cur.rowcount == 1
+
+    def leases(self) -> list[Lease]:
+        rows = self._c.execute("SELECT ip, container_id, ifname, range_key FROM leases").fetchall()
+        return [Lease(*r) for r in rows]
+
+    def leases_of(self, container_id: str, ifname: str) -> list[Lease]:
+        rows = self._c.execute(
+            "SELECT ip, container_id, ifname, range_key FROM leases WHERE container_id = ? AND ifname = ?",
+            (container_id, ifname),
+        ).fetchall()
+        return [Lease(*r) for r in rows]
+
+    def release_of(self, container_id: str, ifname: str) -> list[Lease]:
+        gone = self.leases_of(container_id, ifname)
+        self._c.execute("DELETE FROM leases WHERE container_id = ? AND ifname = ?", (container_id, ifname))
+        return gone
+
+    def release(self, ip: str) -> None:
+        self._c.execute("DELETE FROM leases WHERE ip = ?", (ip,))
+
+    def last_reserved(self, range_key: str) -> str | None:
+        row = self._c.execute("SELECT ip FROM last_reserved WHERE range_key = ?", (range_key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_last_reserved(self, range_key: str, ip: str) -> None:
+        self._c.execute(
+            "INSERT INTO last_reserved (range_key, ip) VALUES (?, ?) ON CONFLICT (range_key) DO UPDATE SET ip = ?",
+            (range_key, ip, ip),
+        )
+
+
+class SqliteStore:
+    """Leases of one network in ``<data_dir>/<network>.db``."""
+
+    def __init__(self, data_dir: str | Path, network: str) -> None:
+        self.path = db_path(data_dir, network)
+        self._lock = threading.Lock()
+        try:
+            os.makedirs(self.path.parent, mode=0o755, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self._write():
+                for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                    self._conn.execute(stmt)
+        except (OSError, sqlite3.Error) as e:
+            raise CniError(IPAM_STORE, details=f"cannot open the IPAM store {self.path}: {e}") from None
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SqliteTxn]:
+        try:
+            with self._write() as conn:
+                yield SqliteTxn(conn)
+        except sqlite3.Error as e:
+            raise CniError(IPAM_STORE, details=f"IPAM store {self.path}: {e}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+_cache: dict[tuple[str, str], SqliteStore] = {}
+_cache_lock = threading.Lock()
+
+
+def open_store(data_dir: str, network: str) -> SqliteStore:
+    """One store per (dataDir, network) per process; the agent keeps them open between requests."""
+    key = (str(data_dir), network)
+    with _cache_lock:
+        store = _cache.get(key)
+        if store is None or not store.path.exists():  # first use, or the file was removed under us
+            if store is not None:
+                store.close()
+            store = _cache[key] = SqliteStore(data_dir, network)
+        return store
+
+
+def close_all() -> None:
+    with _cache_lock:
+        for store in _cache.values():
+            store.close()
+        _cache.clear()
