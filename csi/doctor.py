@@ -1,0 +1,199 @@
+"""``nodeplug doctor`` checks for the CSI driver.
+
+Node prerequisites: loop devices (``losetup`` and a free device), ``mkfs.ext4`` and ``mkfs.xfs`` on PATH, and, when the
+btrfs backend is configured, the ``btrfs`` tool and a btrfs filesystem at the configured path.
+
+End to end, when the agent is running: the check plays the external-provisioner and kubelet through the CSI socket —
+CreateVolume (16 MiB), NodeStageVolume, NodePublishVolume into a temporary directory under kubelet's directory, write
+a file and read it back through the published path, then NodeUnpublishVolume, NodeUnstageVolume and DeleteVolume.
+Whatever it created is torn down even when a step fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from grpc import aio
+
+from csi.config import Config
+from csi.plugin import csi_socket_default, registration_socket_default
+from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
+from nodeplug.checks import Check, CheckFailed, CheckSkipped
+from nodeplug.commands import CommandError, arun
+from nodeplug.paths import PLUGINS_DIR
+from nodeplug.plugin import AgentContext
+
+DOCTOR_BYTES = 16 << 20
+RPC_TIMEOUT = 60.0
+
+
+def _tool(name: str) -> Check:
+    async def run() -> str:
+        path = shutil.which(name)
+        if path is None:
+            raise CheckFailed(f"{name} not found on PATH: install it on the node")
+        return path
+
+    return Check("tools", name, run)
+
+
+async def _loop_devices() -> str:
+    if shutil.which("losetup") is None:
+        raise CheckFailed("losetup not found on PATH: install util-linux")
+    if not await asyncio.to_thread(os.path.exists, "/dev/loop-control"):
+        raise CheckFailed("/dev/loop-control is missing: load the loop module (modprobe loop)")
+    try:
+        dev = (await arun(["losetup", "-f"], 10)).strip()
+    except CommandError as e:
+        raise CheckFailed(f"no free loop device: {e}") from e
+    return f"next free loop device {dev}"
+
+
+def _btrfs(config: Config, ctx: AgentContext) -> Check:
+    async def run() -> str:
+        if not config.btrfs.enabled:
+            raise CheckSkipped("btrfs backend not enabled")
+        if shutil.which("btrfs") is None:
+            raise CheckFailed("btrfs not found on PATH: install btrfs-progs")
+        path = ctx.root(config.btrfs.path)
+        try:
+            fstype = (await arun(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], 10)).strip()
+        except CommandError as e:
+            raise CheckFailed(f"cannot find the filesystem at {path}: {e}") from e
+        if fstype != "btrfs":
+            raise CheckFailed(
+                f"{path} is on {fstype or 'no filesystem'}, not btrfs: set csi.btrfs.path to a btrfs mount"
+            )
+        return f"btrfs at {path}"
+
+    return Check("csi", "btrfs backend", run)
+
+
+def _cap() -> Any:
+    Cap = csi_pb2.VolumeCapability
+    return Cap(
+        mount=Cap.MountVolume(fs_type="ext4"), access_mode=Cap.AccessMode(mode=Cap.AccessMode.SINGLE_NODE_WRITER)
+    )
+
+
+async def _lifecycle(config: Config, ctx: AgentContext) -> str:
+    sock = ctx.root(csi_socket_default(config.driver_name))
+    if not sock.exists():
+        raise CheckSkipped(f"the agent is not running (no socket at {sock})")
+    work_parent = ctx.root(f"{PLUGINS_DIR}/{config.driver_name}")
+    work = Path(tempfile.mkdtemp(prefix="doctor-", dir=work_parent))
+    staging, target = work / "staging", work / "target"
+    staging.mkdir()
+    name = f"nodeplug-doctor-{secrets.token_hex(4)}"
+    volume_id = ""
+    stage_done = publish_done = False
+    async with aio.insecure_channel(f"unix://{sock}") as ch:
+        ident, ctl, node = csi_pb2_grpc.IdentityStub(ch), csi_pb2_grpc.ControllerStub(ch), csi_pb2_grpc.NodeStub(ch)
+        try:
+            probe = await ident.Probe(csi_pb2.ProbeRequest(), timeout=RPC_TIMEOUT)
+            if not probe.ready.value:
+                raise CheckFailed("the driver answers Probe with ready=false")
+            created = await ctl.CreateVolume(
+                csi_pb2.CreateVolumeRequest(
+                    name=name,
+                    capacity_range=csi_pb2.CapacityRange(required_bytes=DOCTOR_BYTES),
+                    volume_capabilities=[_cap()],
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            volume_id = created.volume.volume_id
+            await node.NodeStageVolume(
+                csi_pb2.NodeStageVolumeRequest(
+                    volume_id=volume_id, staging_target_path=str(staging), volume_capability=_cap()
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            stage_done = True
+            await node.NodePublishVolume(
+                csi_pb2.NodePublishVolumeRequest(
+                    volume_id=volume_id,
+                    staging_target_path=str(staging),
+                    target_path=str(target),
+                    volume_capability=_cap(),
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            publish_done = True
+            payload = secrets.token_bytes(4096)
+            await asyncio.to_thread(_write_read, target / "doctor.bin", payload)
+            await node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target)), timeout=RPC_TIMEOUT
+            )
+            publish_done = False
+            await node.NodeUnstageVolume(
+                csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=str(staging)),
+                timeout=RPC_TIMEOUT,
+            )
+            stage_done = False
+            await ctl.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id), timeout=RPC_TIMEOUT)
+            volume_id = ""
+        except aio.AioRpcError as e:
+            raise CheckFailed(f"{e.code().name}: {e.details()}") from e
+        finally:
+            await _cleanup(node, ctl, volume_id, staging, target, stage_done, publish_done)
+            with contextlib.suppress(OSError):
+                shutil.rmtree(work)
+    return f"created, staged, published, wrote and read back 4 KiB, tore down a {DOCTOR_BYTES >> 20} MiB volume"
+
+
+def _write_read(path: Path, payload: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    if path.read_bytes() != payload:
+        raise CheckFailed(f"read back different bytes from {path}")
+
+
+async def _cleanup(
+    node: Any, ctl: Any, volume_id: str, staging: Path, target: Path, stage_done: bool, publish_done: bool
+) -> None:
+    if not volume_id:
+        return
+    with contextlib.suppress(aio.AioRpcError):
+        if publish_done:
+            await node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target)), timeout=RPC_TIMEOUT
+            )
+        if stage_done:
+            await node.NodeUnstageVolume(
+                csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=str(staging)),
+                timeout=RPC_TIMEOUT,
+            )
+        await ctl.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id), timeout=RPC_TIMEOUT)
+
+
+def checks(section: Config, ctx: AgentContext) -> list[Check]:
+    async def registration() -> str:
+        sock = ctx.root(registration_socket_default(section.driver_name))
+        if not ctx.root(csi_socket_default(section.driver_name)).exists():
+            raise CheckSkipped("the agent is not running")
+        if not section.registration_enabled:
+            raise CheckSkipped("kubelet registration disabled in the config")
+        if not sock.exists():
+            raise CheckFailed(f"registration socket {sock} is missing: kubelet cannot find the driver")
+        return str(sock)
+
+    async def lifecycle() -> str:
+        return await _lifecycle(section, ctx)
+
+    return [
+        Check("kernel", "loop devices", _loop_devices),
+        _tool("mkfs.ext4"),
+        _tool("mkfs.xfs"),
+        _btrfs(section, ctx),
+        Check("csi", "registration socket", registration),
+        Check("csi", "volume lifecycle", lifecycle),
+    ]
