@@ -101,6 +101,14 @@ class Snapshot:
     created_at: float
     ready_to_use: bool = True
     group_snapshot_id: str = ""
+    # The source volume's shape, kept so a restore can be checked and built after the source is deleted.
+    backend: str = ""
+    access_type: str = ""
+    fs_type: str = ""
+
+    @property
+    def is_subvolume(self) -> bool:
+        return self.backend == "btrfs" and self.access_type == "mount" and self.fs_type == "btrfs"
 
 
 @dataclass(frozen=True)

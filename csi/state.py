@@ -55,7 +55,10 @@ CREATE TABLE IF NOT EXISTS snapshots (
     path TEXT NOT NULL,
     created_at REAL NOT NULL,
     ready_to_use INTEGER NOT NULL DEFAULT 1,
-    group_snapshot_id TEXT NOT NULL DEFAULT ''
+    group_snapshot_id TEXT NOT NULL DEFAULT '',
+    backend TEXT NOT NULL DEFAULT '',
+    access_type TEXT NOT NULL DEFAULT '',
+    fs_type TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS snapshots_source ON snapshots(source_volume_id);
 CREATE TABLE IF NOT EXISTS group_snapshots (
@@ -83,7 +86,10 @@ _VOL_COLS = (
     "volume_id, name, capacity_bytes, backend, access_type, fs_type, path, source_snapshot_id, source_volume_id,"
     " parameters, ephemeral, created_at"
 )
-_SNAP_COLS = "snapshot_id, name, source_volume_id, size_bytes, path, created_at, ready_to_use, group_snapshot_id"
+_SNAP_COLS = (
+    "snapshot_id, name, source_volume_id, size_bytes, path, created_at, ready_to_use, group_snapshot_id,"
+    " backend, access_type, fs_type"
+)
 
 
 def _volume(row: sqlite3.Row) -> Volume:
@@ -113,6 +119,32 @@ def _snapshot(row: sqlite3.Row) -> Snapshot:
         created_at=row["created_at"],
         ready_to_use=bool(row["ready_to_use"]),
         group_snapshot_id=row["group_snapshot_id"],
+        backend=row["backend"],
+        access_type=row["access_type"],
+        fs_type=row["fs_type"],
+    )
+
+
+def _insert_snapshot(c: sqlite3.Connection, s: Snapshot) -> None:
+    c.execute(
+        f"INSERT INTO snapshots ({_SNAP_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(snapshot_id) DO UPDATE"
+        " SET name=excluded.name, source_volume_id=excluded.source_volume_id, size_bytes=excluded.size_bytes,"
+        " path=excluded.path, created_at=excluded.created_at, ready_to_use=excluded.ready_to_use,"
+        " group_snapshot_id=excluded.group_snapshot_id, backend=excluded.backend,"
+        " access_type=excluded.access_type, fs_type=excluded.fs_type",
+        (
+            s.snapshot_id,
+            s.name,
+            s.source_volume_id,
+            s.size_bytes,
+            s.path,
+            s.created_at,
+            int(s.ready_to_use),
+            s.group_snapshot_id,
+            s.backend,
+            s.access_type,
+            s.fs_type,
+        ),
     )
 
 
@@ -260,24 +292,8 @@ class StateStore:
         return _snapshot(row) if row else None
 
     def put_snapshot(self, s: Snapshot) -> None:
-        args = (
-            s.snapshot_id,
-            s.name,
-            s.source_volume_id,
-            s.size_bytes,
-            s.path,
-            s.created_at,
-            int(s.ready_to_use),
-            s.group_snapshot_id,
-        )
         with self._tx() as c:
-            c.execute(
-                f"INSERT INTO snapshots ({_SNAP_COLS}) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(snapshot_id) DO UPDATE"
-                " SET name=excluded.name, source_volume_id=excluded.source_volume_id,"
-                " size_bytes=excluded.size_bytes, path=excluded.path, created_at=excluded.created_at,"
-                " ready_to_use=excluded.ready_to_use, group_snapshot_id=excluded.group_snapshot_id",
-                args,
-            )
+            _insert_snapshot(c, s)
 
     def delete_snapshot(self, snapshot_id: str) -> bool:
         with self._tx() as c:
@@ -327,19 +343,7 @@ class StateStore:
         """Record a group snapshot and all its member snapshots in one transaction."""
         with self._tx() as c:
             for s in members:
-                c.execute(
-                    f"INSERT OR REPLACE INTO snapshots ({_SNAP_COLS}) VALUES (?,?,?,?,?,?,?,?)",
-                    (
-                        s.snapshot_id,
-                        s.name,
-                        s.source_volume_id,
-                        s.size_bytes,
-                        s.path,
-                        s.created_at,
-                        int(s.ready_to_use),
-                        s.group_snapshot_id,
-                    ),
-                )
+                _insert_snapshot(c, s)
             c.execute(
                 "INSERT OR REPLACE INTO group_snapshots (group_snapshot_id, name, snapshot_ids, created_at,"
                 " ready_to_use) VALUES (?,?,?,?,?)",

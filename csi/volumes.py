@@ -7,20 +7,60 @@ Constructed by the plugin as::
 
 Every method is synchronous (it runs mkfs, cp, btrfs ...); servicers call it through ``asyncio.to_thread``. Errors
 are :mod:`csi.errors` subclasses. ``manager.locks`` is the one :class:`OperationLocks` shared by the Controller and
-Node services: hold ``volume/<id>`` around any operation that changes a volume's host state.
+Node services: hold ``volume/<id>`` around any operation that changes a volume's host state (the manager holds
+``name/<name>``, ``volume/<id>``, ``snapshot/<id>`` and ``group/<name>`` itself).
+
+Idempotency and crash safety: ids are derived from the CO's names (``vol-``/``snap-``/``group-`` + 32 hex digits of
+SHA-256), so a retry after a crash lands on the same id and the backend clears what the interrupted attempt left
+(never-recorded temp files or subvolumes). A volume is recorded only after its bytes are complete, and its bytes are
+removed only after it is no longer staged or published. The state store is the truth for what exists; a backing
+file that went missing is reported by :meth:`volume_condition`, never silently recreated.
+
+Consistency of snapshots: a staged ext4/xfs volume is frozen (``fsfreeze``) at its staging path while it is copied;
+a group snapshot freezes every member first, copies all, then thaws. A staged block volume or btrfs subvolume cannot
+be frozen, so it can be snapshotted alone (crash-consistent) but not together with others (FAILED_PRECONDITION).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import contextlib
+import hashlib
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
-from csi.config import Config
+from csi import capacity
+from csi.backends import Backend, fileops
+from csi.backends.btrfs import BtrfsBackend
+from csi.backends.loopfile import LoopfileBackend
+from csi.config import TOPOLOGY_KEY, Config
+from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from csi.locks import OperationLocks
-from csi.model import GroupSnapshot, Snapshot, Volume, VolumeSource
+from csi.model import (
+    BACKENDS,
+    AccessType,
+    GroupSnapshot,
+    Snapshot,
+    Volume,
+    VolumeSource,
+    validate_id,
+)
+from csi.model import (
+    Backend as BackendName,
+)
 from csi.state import StateStore
+from nodeplug.log import get_logger
 from nodeplug.paths import Root
+
+_log = get_logger("csi")
+
+PARAM_BACKEND = "backend"
+# Keys the CO's sidecars add themselves (external-provisioner --extra-create-metadata, snapshotter): ignored.
+_PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
+MAX_NAME_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -37,17 +77,98 @@ class Condition:
     message: str
 
 
+def derive_id(prefix: str, name: str) -> str:
+    return f"{prefix}-{hashlib.sha256(name.encode()).hexdigest()[:32]}"
+
+
+def validate_name(field: str, name: str) -> str:
+    if not name:
+        raise InvalidArgument(f"{field}: required field is missing")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"{field}: expected at most {MAX_NAME_BYTES} bytes, got {len(name.encode())}")
+    if any((ord(c) < 0x20 and c not in "\t\n\r") or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise InvalidArgument(f"{field}: control characters are not allowed, got {name!r}")
+    return name
+
+
+def _mounted(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4].replace("\\040", " ") == path for line in f)
+    except OSError:
+        return False
+
+
 class VolumeManager:
+    """Volumes, snapshots and group snapshots over the state store and the backends."""
+
     def __init__(self, store: StateStore, config: Config, root: Root | None = None) -> None:
         self.store = store
         self.config = config
         self.root = root or Root()
         self.locks = OperationLocks()
         self.data_dir = self.root(config.data_dir)
+        self.backends: dict[str, Backend] = {
+            "loopfile": LoopfileBackend(self.data_dir, reserved_bytes=config.reserved_bytes),
+        }
+        if config.btrfs.enabled:
+            self.backends["btrfs"] = BtrfsBackend(
+                self.root(config.btrfs.path), config.btrfs.subdir, reserved_bytes=config.reserved_bytes
+            )
 
     @property
     def node_id(self) -> str:
-        raise NotImplementedError
+        return self.config.node_id or socket.gethostname()
+
+    @property
+    def topology(self) -> dict[str, str]:
+        return {TOPOLOGY_KEY: self.node_id}
+
+    def backing_path(self, volume: Volume) -> Path:
+        """The backing file (loop-file volumes) or subvolume directory of ``volume``."""
+        return Path(volume.path)
+
+    # ------------------------------------------------------------ helpers
+
+    def _backend(self, name: str, what: str = "parameters.backend") -> Backend:
+        if name not in BACKENDS:
+            raise InvalidArgument(f"{what}: expected one of {', '.join(BACKENDS)}, got {name!r}")
+        b = self.backends.get(name)
+        if b is None:
+            raise FailedPrecondition(f"{what}: the {name} backend is not enabled on this node (csi.btrfs.enabled)")
+        return b
+
+    def _resolve_backend(self, backend: str, parameters: Mapping[str, str]) -> str:
+        for key in parameters:
+            if key != PARAM_BACKEND and not key.startswith(_PASSTHROUGH_PREFIXES):
+                raise InvalidArgument(f"parameters.{key}: unknown parameter (supported: {PARAM_BACKEND})")
+        return backend or parameters.get(PARAM_BACKEND, "") or self.config.default_backend
+
+    def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
+        validate_id(field, volume_id)
+        v = self.store.get_volume(volume_id)
+        if v is None:
+            raise NotFound(f"volume {volume_id} does not exist")
+        return v
+
+    @contextlib.contextmanager
+    def _frozen(self, volumes: list[Volume]) -> Iterator[None]:
+        """Freeze the staged, mounted ext4/xfs filesystems among ``volumes`` for the block."""
+        points = []
+        for v in volumes:
+            if v.access_type != "mount" or v.is_subvolume:
+                continue
+            stage = self.store.get_stage(v.volume_id)
+            if stage and _mounted(stage.staging_path):
+                points.append(stage.staging_path)
+        with fileops.frozen(points):
+            yield
+
+    def _in_use(self, v: Volume) -> bool:
+        stage = self.store.get_stage(v.volume_id)
+        return bool(stage and (v.is_block or v.is_subvolume or _mounted(stage.staging_path)))
+
+    # ------------------------------------------------------------ volumes
 
     def create_volume(
         self,
@@ -60,52 +181,406 @@ class VolumeManager:
         source: VolumeSource | None = None,
         ephemeral: bool = False,
     ) -> Volume:
-        raise NotImplementedError
+        """Create (or return the existing, compatible) volume called ``name``.
+
+        ``backend`` "" means ``parameters["backend"]`` or the configured default; ``fs_type`` "" means the backend's
+        default (ext4/xfs from config; ``btrfs`` — a subvolume — on the btrfs backend); ignored for block volumes.
+        """
+        validate_name("name", name)
+        if access_type not in ("mount", "block"):
+            raise InvalidArgument(f"volume_capabilities: access type must be mount or block, got {access_type!r}")
+        bname = self._resolve_backend(backend, parameters)
+        be = self._backend(bname)
+        if access_type == "block":
+            fs_type = ""
+        elif not fs_type:
+            fs_type = "btrfs" if bname == "btrfs" else self.config.default_fs_type
+        why = be.supports(access_type, fs_type)
+        if why:
+            raise InvalidArgument(f"volume_capabilities.mount.fs_type: {why}")
+        req, lim = capacity_range.required_bytes, capacity_range.limit_bytes
+        capacity.check_range(req, lim)
+        vid = derive_id("vol", name)
+        with self.locks.hold(f"name/{name}"):
+            existing = self.store.get_volume_by_name(name)
+            if existing is not None:
+                return self._compatible(existing, req, lim, access_type, fs_type, bname, source)
+            with self.locks.hold(f"volume/{vid}", f"volume/{source.id}" if source and source.kind == "volume" else ""):
+                return self._create(
+                    name,
+                    vid,
+                    req,
+                    lim,
+                    cast(AccessType, access_type),
+                    fs_type,
+                    bname,
+                    be,
+                    parameters,
+                    source,
+                    ephemeral,
+                )
+
+    def _compatible(
+        self, v: Volume, req: int, lim: int, access_type: str, fs_type: str, backend: str, src: VolumeSource | None
+    ) -> Volume:
+        diffs = []
+        if (req and v.capacity_bytes < req) or (lim and v.capacity_bytes > lim):
+            diffs.append(f"capacity {v.capacity_bytes} is outside [{req}, {lim}]")
+        if v.access_type != access_type:
+            diffs.append(f"access type is {v.access_type}")
+        if v.access_type == "mount" and v.fs_type != fs_type:
+            diffs.append(f"fs type is {v.fs_type}")
+        if v.backend != backend:
+            diffs.append(f"backend is {v.backend}")
+        want_snap = src.id if src and src.kind == "snapshot" else ""
+        want_vol = src.id if src and src.kind == "volume" else ""
+        if (v.source_snapshot_id, v.source_volume_id) != (want_snap, want_vol):
+            diffs.append("content source differs")
+        if diffs:
+            raise AlreadyExists(f"volume {v.name!r} already exists as {v.volume_id} but its " + ", ".join(diffs))
+        return v
+
+    def _create(
+        self,
+        name: str,
+        vid: str,
+        req: int,
+        lim: int,
+        access_type: AccessType,
+        fs_type: str,
+        bname: str,
+        be: Backend,
+        parameters: Mapping[str, str],
+        source: VolumeSource | None,
+        ephemeral: bool,
+    ) -> Volume:
+        limit = self.config.max_volumes_per_node
+        if limit and self.store.count_volumes() >= limit:
+            raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
+        snap: Snapshot | None = None
+        src_vol: Volume | None = None
+        source_size = 0
+        if source is not None:
+            snap, src_vol = self._source(source, bname, access_type, fs_type)
+            source_size = snap.size_bytes if snap else cast(Volume, src_vol).capacity_bytes
+        minimum = fileops.min_fs_bytes(fs_type) if access_type == "mount" and fs_type != "btrfs" else capacity.UNIT
+        size = capacity.volume_size(req, lim, minimum, source_size)
+        be.ready()
+        free = be.free_bytes(self.store.list_volumes()[0])
+        if size > free:
+            raise ResourceExhausted(f"the {bname} backend has {free} bytes free, the volume needs {size}")
+        if snap is not None:
+            path = be.create_from_snapshot(vid, size, snap)
+        elif src_vol is not None:
+            with self._frozen([src_vol]):
+                path = be.clone(vid, size, src_vol)
+        else:
+            path = be.create(vid, size, access_type, fs_type)
+        vol = Volume(
+            volume_id=vid,
+            name=name,
+            capacity_bytes=size,
+            backend=cast(BackendName, bname),
+            access_type=access_type,
+            fs_type=fs_type,
+            path=path,
+            source_snapshot_id=snap.snapshot_id if snap else "",
+            source_volume_id=src_vol.volume_id if src_vol else "",
+            parameters=dict(parameters),
+            ephemeral=ephemeral,
+            created_at=time.time(),
+        )
+        try:
+            self.store.put_volume(vol)
+        except BaseException:
+            be.delete(vol)
+            raise
+        _log.info("volume created", volume_id=vid, backend=bname, bytes=size, access=access_type, fs=fs_type or None)
+        return vol
+
+    def _source(
+        self, source: VolumeSource, bname: str, access_type: str, fs_type: str
+    ) -> tuple[Snapshot | None, Volume | None]:
+        field = "volume_content_source." + ("snapshot.snapshot_id" if source.kind == "snapshot" else "volume.volume_id")
+        try:
+            validate_id(field, source.id)
+        except InvalidArgument:
+            raise NotFound(f"{field}: {source.kind} {source.id!r} does not exist") from None
+        shape: tuple[str, str, str]
+        snap, vol = None, None
+        if source.kind == "snapshot":
+            snap = self.store.get_snapshot(source.id)
+            if snap is None:
+                raise NotFound(f"{field}: snapshot {source.id} does not exist")
+            shape = (snap.backend, snap.access_type, snap.fs_type)
+        else:
+            vol = self.store.get_volume(source.id)
+            if vol is None:
+                raise NotFound(f"{field}: volume {source.id} does not exist")
+            shape = (vol.backend, vol.access_type, vol.fs_type)
+        if shape != (bname, access_type, fs_type):
+            raise InvalidArgument(
+                f"{field}: the source is a {shape[1]} volume ({shape[2] or 'raw'}) on the {shape[0]} backend; the new "
+                f"volume must match it, got {access_type} ({fs_type or 'raw'}) on {bname}"
+            )
+        return snap, vol
 
     def delete_volume(self, volume_id: str) -> None:
-        raise NotImplementedError
+        """Delete a volume; one that does not exist (or an id this driver never issues) is already deleted."""
+        if not volume_id:
+            raise InvalidArgument("volume_id: required field is missing")
+        try:
+            validate_id("volume_id", volume_id)
+        except InvalidArgument:
+            return
+        v = self.store.get_volume(volume_id)
+        if v is None:
+            return
+        with self.locks.hold(f"volume/{volume_id}", f"name/{v.name}"):
+            v = self.store.get_volume(volume_id)
+            if v is None:
+                return
+            pubs = self.store.list_publishes(volume_id)
+            if pubs:
+                raise FailedPrecondition(f"volume {volume_id} is still published at {pubs[0].target_path}")
+            stage = self.store.get_stage(volume_id)
+            if stage is not None:
+                raise FailedPrecondition(f"volume {volume_id} is still staged at {stage.staging_path}")
+            self._backend(v.backend, "volume.backend").delete(v)
+            self.store.delete_volume(volume_id)
+        _log.info("volume deleted", volume_id=volume_id)
 
     def get_volume(self, volume_id: str) -> Volume:
-        raise NotImplementedError
+        return self._volume(volume_id)
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> tuple[list[Volume], str]:
-        raise NotImplementedError
+        if max_entries < 0:
+            raise InvalidArgument(f"max_entries: expected a value >= 0, got {max_entries}")
+        return self.store.list_volumes(max_entries, starting_token)
 
     def expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int = 0) -> tuple[int, bool]:
-        raise NotImplementedError
+        """Grow a volume; return (new capacity, whether NodeExpandVolume must follow). Never shrinks."""
+        v = self._volume(volume_id)
+        with self.locks.hold(f"volume/{volume_id}"):
+            v = self._volume(volume_id)
+            be = self._backend(v.backend, "volume.backend")
+            size = capacity.expanded_size(v.capacity_bytes, required_bytes, limit_bytes)
+            node_needed = not v.is_subvolume
+            if size == v.capacity_bytes:
+                return size, node_needed
+            free = be.free_bytes(self.store.list_volumes()[0])
+            if size - v.capacity_bytes > free:
+                raise OutOfRange(
+                    f"capacity_range.required_bytes: growing {volume_id} to {size} needs "
+                    f"{size - v.capacity_bytes} more bytes, the {v.backend} backend has {free} free"
+                )
+            node_needed = be.expand(v, size)
+            self.store.put_volume(replace(v, capacity_bytes=size))
+        _log.info("volume expanded", volume_id=volume_id, bytes=size, node_expansion=node_needed)
+        return size, node_needed
 
     def get_capacity(self, parameters: Mapping[str, str], topology: Mapping[str, str] | None = None) -> int:
-        raise NotImplementedError
+        """Bytes a new volume with ``parameters`` may take here; 0 for a topology this node is not in."""
+        if topology:
+            for key, value in topology.items():
+                if key != TOPOLOGY_KEY or value != self.node_id:
+                    return 0
+        try:
+            be = self._backend(self._resolve_backend("", parameters))
+        except FailedPrecondition:
+            return 0
+        limit = self.config.max_volumes_per_node
+        if limit and self.store.count_volumes() >= limit:
+            return 0
+        be.ready()
+        return be.free_bytes(self.store.list_volumes()[0])
 
     def volume_condition(self, volume_id: str) -> Condition:
-        raise NotImplementedError
+        v = self._volume(volume_id)
+        try:
+            be = self._backend(v.backend, "volume.backend")
+        except FailedPrecondition as e:
+            return Condition(True, str(e))
+        problem = be.condition(v)
+        return Condition(bool(problem), problem or "volume is healthy")
+
+    # ------------------------------------------------------------ snapshots
 
     def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        raise NotImplementedError
+        validate_name("name", name)
+        if not source_volume_id:
+            raise InvalidArgument("source_volume_id: required field is missing")
+        for key in parameters:
+            if not key.startswith(_PASSTHROUGH_PREFIXES):
+                raise InvalidArgument(f"parameters.{key}: unknown parameter (snapshots take none)")
+        with self.locks.hold(f"snapname/{name}"):
+            existing = self.store.get_snapshot_by_name(name)
+            if existing is not None:
+                if existing.source_volume_id != source_volume_id:
+                    raise AlreadyExists(
+                        f"snapshot {name!r} already exists as {existing.snapshot_id} of volume "
+                        f"{existing.source_volume_id}, not of {source_volume_id}"
+                    )
+                return existing
+            try:
+                v = self._volume(source_volume_id, "source_volume_id")
+            except InvalidArgument:
+                raise NotFound(f"source_volume_id: volume {source_volume_id!r} does not exist") from None
+            sid = derive_id("snap", name)
+            with self.locks.hold(f"volume/{v.volume_id}", f"snapshot/{sid}"):
+                snap = self._cut([v], [(sid, name)], "")[0]
+            self.store.put_snapshot(snap)
+        _log.info("snapshot created", snapshot_id=sid, volume_id=v.volume_id, bytes=snap.size_bytes)
+        return snap
+
+    def _cut(self, vols: list[Volume], ids: list[tuple[str, str]], group_id: str) -> list[Snapshot]:
+        """Snapshot ``vols`` (frozen together) as ``ids`` [(snapshot_id, name)]; undo all on failure."""
+        need = sum(0 if v.is_subvolume else fileops.allocated_bytes(Path(v.path)) for v in vols)
+        done: list[Snapshot] = []
+        try:
+            for v in vols:
+                be = self._backend(v.backend, "volume.backend")
+                free = fileops.free_bytes(be.base)
+                if need > free:
+                    raise ResourceExhausted(f"the {v.backend} backend has {free} bytes free, snapshots need {need}")
+            with self._frozen(vols):
+                now = time.time()
+                for v, (sid, name) in zip(vols, ids, strict=True):
+                    path, size = self._backend(v.backend).snapshot(sid, v)
+                    done.append(
+                        Snapshot(
+                            sid, name, v.volume_id, size, path, now, True, group_id, v.backend, v.access_type, v.fs_type
+                        )
+                    )
+        except BaseException:
+            for s in done:
+                with contextlib.suppress(Exception):
+                    self._backend(s.backend).delete_snapshot(s)
+            raise
+        return done
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        raise NotImplementedError
+        if not snapshot_id:
+            raise InvalidArgument("snapshot_id: required field is missing")
+        try:
+            validate_id("snapshot_id", snapshot_id)
+        except InvalidArgument:
+            return
+        with self.locks.hold(f"snapshot/{snapshot_id}"):
+            s = self.store.get_snapshot(snapshot_id)
+            if s is None:
+                return
+            if s.group_snapshot_id and self.store.get_group_snapshot(s.group_snapshot_id):
+                raise FailedPrecondition(
+                    f"snapshot {snapshot_id} belongs to group snapshot {s.group_snapshot_id}: delete the group"
+                )
+            self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
+            self.store.delete_snapshot(snapshot_id)
+        _log.info("snapshot deleted", snapshot_id=snapshot_id)
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        raise NotImplementedError
+        validate_id("snapshot_id", snapshot_id)
+        s = self.store.get_snapshot(snapshot_id)
+        if s is None:
+            raise NotFound(f"snapshot {snapshot_id} does not exist")
+        return s
 
     def list_snapshots(
         self, max_entries: int = 0, starting_token: str = "", source_volume_id: str = "", snapshot_id: str = ""
     ) -> tuple[list[Snapshot], str]:
-        raise NotImplementedError
+        if max_entries < 0:
+            raise InvalidArgument(f"max_entries: expected a value >= 0, got {max_entries}")
+        if snapshot_id:
+            s = self.store.get_snapshot(snapshot_id)
+            if s is None or (source_volume_id and s.source_volume_id != source_volume_id):
+                return [], ""
+            return [s], ""
+        return self.store.list_snapshots(max_entries, starting_token, source_volume_id)
+
+    # ------------------------------------------------------------ group snapshots
 
     def create_group_snapshot(
         self, name: str, source_volume_ids: list[str], parameters: Mapping[str, str]
     ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        raise NotImplementedError
+        validate_name("name", name)
+        if not source_volume_ids:
+            raise InvalidArgument("source_volume_ids: required field is missing")
+        if len(set(source_volume_ids)) != len(source_volume_ids):
+            raise InvalidArgument("source_volume_ids: a volume is listed twice")
+        for key in parameters:
+            if not key.startswith(_PASSTHROUGH_PREFIXES):
+                raise InvalidArgument(f"parameters.{key}: unknown parameter (group snapshots take none)")
+        with self.locks.hold(f"groupname/{name}"):
+            existing = self.store.get_group_snapshot_by_name(name)
+            if existing is not None:
+                members = self._members(existing)
+                if sorted(s.source_volume_id for s in members) != sorted(source_volume_ids):
+                    raise AlreadyExists(
+                        f"group snapshot {name!r} already exists as {existing.group_snapshot_id} of other volumes"
+                    )
+                return existing, members
+            vols = [self._volume(i, f"source_volume_ids[{n}]") for n, i in enumerate(source_volume_ids)]
+            if len(vols) > 1:
+                for v in vols:
+                    if (v.is_block or v.is_subvolume) and self._in_use(v):
+                        raise FailedPrecondition(
+                            f"volume {v.volume_id} is staged as a {'block volume' if v.is_block else 'btrfs subvolume'}"
+                            " and cannot be frozen, so it cannot be snapshotted together with other volumes: "
+                            "unstage it or snapshot it alone"
+                        )
+            gid = derive_id("group", name)
+            ids = [(derive_id("snap", f"{gid}/{v.volume_id}"), f"{gid}/{v.volume_id}") for v in vols]
+            keys = [f"volume/{v.volume_id}" for v in vols]
+            with self.locks.hold(*keys):
+                snaps = self._cut(vols, ids, gid)
+            group = GroupSnapshot(gid, name, tuple(s.snapshot_id for s in snaps), snaps[0].created_at, True)
+            try:
+                self.store.put_group_snapshot(group, snaps)
+            except BaseException:
+                for s in snaps:
+                    with contextlib.suppress(Exception):
+                        self._backend(s.backend).delete_snapshot(s)
+                raise
+        _log.info("group snapshot created", group_snapshot_id=gid, snapshots=len(snaps))
+        return group, snaps
+
+    def _members(self, g: GroupSnapshot) -> list[Snapshot]:
+        return [s for s in (self.store.get_snapshot(i) for i in g.snapshot_ids) if s is not None]
+
+    def _check_members(self, g: GroupSnapshot, snapshot_ids: list[str]) -> None:
+        if sorted(snapshot_ids) != sorted(g.snapshot_ids):
+            raise InvalidArgument(
+                f"snapshot_ids: group snapshot {g.group_snapshot_id} holds {sorted(g.snapshot_ids)}, "
+                f"got {sorted(snapshot_ids)}"
+            )
 
     def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids: list[str]) -> None:
-        raise NotImplementedError
+        if not group_snapshot_id:
+            raise InvalidArgument("group_snapshot_id: required field is missing")
+        try:
+            validate_id("group_snapshot_id", group_snapshot_id)
+        except InvalidArgument:
+            return
+        with self.locks.hold(f"group/{group_snapshot_id}"):
+            g = self.store.get_group_snapshot(group_snapshot_id)
+            if g is None:
+                return
+            if snapshot_ids:
+                self._check_members(g, snapshot_ids)
+            for s in self._members(g):
+                self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
+            self.store.delete_group_snapshot(group_snapshot_id)
+            for sid in g.snapshot_ids:
+                self.store.delete_snapshot(sid)
+        _log.info("group snapshot deleted", group_snapshot_id=group_snapshot_id)
 
     def get_group_snapshot(
         self, group_snapshot_id: str, snapshot_ids: list[str]
     ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        raise NotImplementedError
-
-    def backing_path(self, volume: Volume) -> Path:
-        raise NotImplementedError
+        validate_id("group_snapshot_id", group_snapshot_id)
+        g = self.store.get_group_snapshot(group_snapshot_id)
+        if g is None:
+            raise NotFound(f"group snapshot {group_snapshot_id} does not exist")
+        if snapshot_ids:
+            self._check_members(g, snapshot_ids)
+        return g, self._members(g)

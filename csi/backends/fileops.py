@@ -1,0 +1,224 @@
+"""File-level operations shared by the backends: sparse files, reflink/sparse copies, mkfs, offline growth, freeze.
+
+A file volume is a sparse file whose size is the volume's capacity. Copies (snapshots, restores, clones) first try
+the FICLONE ioctl, which shares extents on btrfs and on XFS with reflink (instant, atomic with respect to writers),
+and fall back to a sparse copy (``cp --sparse=always``), which reads only the allocated ranges.
+
+New files are built under a temporary name in the destination directory and renamed into place when complete, so a
+crash never leaves a half-written file under a final name; :func:`remove_under` deletes only paths inside a base
+directory the caller owns, and refuses anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from csi.errors import Internal
+from nodeplug.commands import CommandError, run
+
+FICLONE = 0x40049409
+MIB = 1 << 20
+MKFS_TIMEOUT = 300.0
+COPY_TIMEOUT = 1800.0
+FSCK_TIMEOUT = 600.0
+FREEZE_TIMEOUT = 30.0
+XFS_MIN_BYTES = 300 * MIB  # mkfs.xfs refuses smaller filesystems (xfsprogs >= 5.19)
+EXT4_MIN_BYTES = 1 * MIB
+
+
+def cmd(argv: list[str], timeout: float, doing: str = "") -> str:
+    """Run a command; a failure becomes Internal naming the command and its stderr."""
+    try:
+        return run(argv, timeout=timeout)
+    except CommandError as e:
+        raise Internal.from_command(e, doing) from e
+
+
+def tmp_name(final: Path) -> Path:
+    """The temporary sibling a new file or subvolume is built under before it is renamed to ``final``."""
+    return final.with_name(f".tmp-{final.name}")
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_sparse(path: Path, size: int) -> None:
+    """Create ``path`` (which must not exist) as a sparse file of ``size`` bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def copy_file(src: Path, dst: Path) -> str:
+    """Copy ``src`` to the new file ``dst``; return ``"reflink"`` or ``"sparse"`` (how it was copied)."""
+    sfd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.ioctl(dfd, FICLONE, sfd)
+            os.fsync(dfd)
+            return "reflink"
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    os.unlink(dst)
+    cmd(["cp", "--sparse=always", "--reflink=never", "--", str(src), str(dst)], COPY_TIMEOUT, "copying volume data")
+    fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return "sparse"
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes actually allocated on disk for ``path`` (0 when it is missing)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes available to unprivileged writers on the filesystem holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fs_type_of(path: Path) -> str:
+    """The filesystem type holding ``path`` (``findmnt -T``)."""
+    return cmd(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], 10.0, "finding the filesystem type").strip()
+
+
+def min_fs_bytes(fs_type: str) -> int:
+    return XFS_MIN_BYTES if fs_type == "xfs" else EXT4_MIN_BYTES
+
+
+def mkfs(path: Path, fs_type: str) -> None:
+    """Format the file ``path`` directly (no loop device needed)."""
+    if fs_type == "ext4":
+        # lazy init keeps a sparse file sparse; -m 0: no reserved blocks, the volume's capacity is the user's.
+        argv = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"]
+    elif fs_type == "xfs":
+        argv = ["mkfs.xfs", "-q", "-f", "-K"]
+    else:
+        raise Internal(f"mkfs: unsupported filesystem type {fs_type!r}")
+    cmd([*argv, str(path)], MKFS_TIMEOUT, f"formatting {path.name} as {fs_type}")
+
+
+def grow_file(path: Path, size: int) -> None:
+    """Grow the file to ``size`` bytes (never shrinks)."""
+    if os.stat(path).st_size < size:
+        os.truncate(path, size)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def grow_fs_offline(path: Path, fs_type: str, scratch: Path) -> None:
+    """Grow the filesystem in the (unmounted) file ``path`` to fill the file.
+
+    ext4: ``e2fsck -f -p`` (replays the journal of a copy taken from a mounted filesystem) then ``resize2fs``.
+    xfs: growing needs a mounted filesystem, so it is mounted for the moment at a temporary directory under
+    ``scratch`` (``-o loop,nouuid``: a copy has its source's UUID) and ``xfs_growfs`` runs there.
+    """
+    if fs_type == "ext4":
+        try:
+            run(["e2fsck", "-f", "-p", str(path)], timeout=FSCK_TIMEOUT)
+        except CommandError as e:
+            if e.returncode not in (1, 2):  # 1/2: errors corrected; anything else is a real failure
+                raise Internal.from_command(e, f"checking {path.name} before resize") from e
+        cmd(["resize2fs", str(path)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
+    elif fs_type == "xfs":
+        mnt = Path(tempfile.mkdtemp(prefix=".grow-", dir=scratch))
+        try:
+            cmd(["mount", "-t", "xfs", "-o", "loop,nouuid", str(path), str(mnt)], 60.0, "mounting for xfs_growfs")
+            try:
+                cmd(["xfs_growfs", str(mnt)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
+            finally:
+                cmd(["umount", str(mnt)], 60.0, "unmounting after xfs_growfs")
+        finally:
+            with contextlib.suppress(OSError):
+                mnt.rmdir()
+    else:
+        raise Internal(f"grow: unsupported filesystem type {fs_type!r}")
+
+
+def fs_errors(path: Path, fs_type: str) -> str:
+    """A message when the filesystem image in ``path`` records errors ("" when it looks healthy or cannot tell)."""
+    if fs_type != "ext4":
+        return ""
+    try:
+        out = run(["dumpe2fs", "-h", str(path)], timeout=30.0)
+    except CommandError as e:
+        return f"cannot read the ext4 superblock: {e}"
+    for line in out.splitlines():
+        if line.startswith("Filesystem state:") and "error" in line:
+            return f"ext4 reports errors ({line.split(':', 1)[1].strip()}): run e2fsck on the volume"
+    return ""
+
+
+@contextlib.contextmanager
+def frozen(mount_points: list[str]) -> Iterator[None]:
+    """Freeze the filesystems mounted at ``mount_points`` (fsfreeze -f) for the block, thaw them afterwards."""
+    done: list[str] = []
+    try:
+        for mp in mount_points:
+            cmd(["fsfreeze", "-f", mp], FREEZE_TIMEOUT, "freezing the filesystem for a consistent snapshot")
+            done.append(mp)
+        yield
+    finally:
+        errors = []
+        for mp in reversed(done):
+            try:
+                run(["fsfreeze", "-u", mp], timeout=FREEZE_TIMEOUT)
+            except CommandError as e:
+                errors.append(str(e))
+        if errors:
+            raise Internal("thawing after snapshot failed: " + "; ".join(errors))
+
+
+def is_under(path: Path, base: Path) -> bool:
+    """True when ``path`` (resolved without following its last component) lies strictly inside ``base``."""
+    try:
+        p = Path(os.path.realpath(path.parent)) / path.name
+        b = Path(os.path.realpath(base))
+    except OSError:
+        return False
+    return p != b and b in p.parents and ".." not in path.parts
+
+
+def remove_under(path: Path, base: Path) -> bool:
+    """Delete the file or directory ``path`` if it lies inside ``base``; False when it was already gone."""
+    if not is_under(path, base):
+        raise Internal(f"refusing to delete {path}: it is outside the driver's data dir {base}")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+    fsync_dir(path.parent)
+    return True
