@@ -12,7 +12,8 @@ fails (``pop_all()`` on success):
 7. forwarding sysctls on the host (``isGateway``);
 8. masquerade rules (``ipMasq``, :mod:`masq`) — undo: delete the attachment's rules.
 
-DEL deletes the host end (which takes the pod end with it, wherever it is) and the attachment's rules; it needs
+DEL deletes the host end (which takes the pod end with it, wherever it is) and the attachment's rules, side by side
+(each waits for a kernel RCU grace period; together DEL takes about as long as the slower of the two). It needs
 neither the netns nor the addresses, and treats everything already gone as done.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,10 +74,18 @@ def add(
 def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, ips: Sequence[IPConfig]) -> None:
     """Detach the pod; idempotent, and needs neither the netns nor ``ips`` (rules are found by their comment)."""
     host_name = names.host_veth_name(container_id, ifname)
-    with host_socket() as ipr:
-        delete_host_end(ipr, host_name)
-    if conf.ip_masq:
-        masq.delete_attachment(conf.name, host_name)
+    if not conf.ip_masq:
+        with host_socket() as ipr:
+            delete_host_end(ipr, host_name)
+        return
+    # Both the link deletion and the nft transaction wait for an RCU grace period in the kernel: run them side by side
+    # (a thread started here shares this thread's netns, so nft runs where the rules are).
+    rules = _Background(masq.delete_attachment, conf.name, host_name)
+    try:
+        with host_socket() as ipr:
+            delete_host_end(ipr, host_name)
+    finally:
+        rules.result()
 
 
 def _forwarding(families: set[int]) -> None:
@@ -83,6 +93,27 @@ def _forwarding(families: set[int]) -> None:
         sysctl.ensure("net/ipv4/ip_forward", "1")
     if 6 in families:
         sysctl.ensure("net/ipv6/conf/all/forwarding", "1")
+
+
+class _Background:
+    """Run ``fn(*args)`` on a new thread; :meth:`result` joins it and re-raises its exception."""
+
+    def __init__(self, fn: Callable[..., object], *args: Any) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as e:
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="nodeplug-cni-nft", daemon=True)
+        self._thread.start()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _quietly(fn: Callable[..., object], *args: Any) -> None:

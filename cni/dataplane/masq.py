@@ -5,16 +5,19 @@
     table inet nodeplug {
         chain postrouting {
             type nat hook postrouting priority srcnat; policy accept;
-            ip saddr 10.22.0.5 ip daddr != { 10.22.0.0/16, 224.0.0.0/4 } masquerade comment "nodeplug vethXXXX net cid"
-            ip6 saddr fd00::5 ip6 daddr != { fd00::/64, ff00::/8 } masquerade comment "nodeplug vethXXXX net cid"
+            ip saddr 10.22.0.5 ip daddr != 10.22.0.0/16 ip daddr != 224.0.0.0/4 masquerade comment "nodeplug veth.."
+            ip6 saddr fd00::5 ip6 daddr != fd00::/64 ip6 daddr != ff00::/8 masquerade comment "nodeplug veth.."
         }
     }
 
 Like the reference plugin, traffic from the pod to its own subnet and to multicast is left alone and everything else
 is masqueraded. The comment starts with the attachment's host veth name and the network (:mod:`cni.dataplane.names`)
-so DEL and GC find the rules without knowing the addresses. ADD is one ``nft -f -`` transaction (the table and chain
-declarations are no-ops when they exist, so concurrent ADDs do not race); DEL and GC list the chain as JSON and delete
-by handle in one more transaction. ``nft`` runs from the calling thread, so it works in that thread's netns.
+so DEL and GC find the rules without knowing the addresses. ADD is one ``nft -f -`` transaction adding the rules; only
+when that fails because the table is missing is it run again with the table and chain declared (declaring them on
+every ADD re-registers the hook and triples the cost of the transaction; the declarations are idempotent, so concurrent
+first ADDs do not race). Plain negated prefixes rather than an anonymous set keep the transaction cheap too. DEL and
+GC list the chain as JSON and delete by handle in one more transaction. ``nft`` runs from the calling thread, so it
+works in that thread's netns.
 """
 
 from __future__ import annotations
@@ -41,14 +44,15 @@ def _nft(args: Sequence[str], script: str | None = None) -> str:
     return run(argv, timeout=NFT_TIMEOUT, input=script.encode() if script is not None else None)
 
 
-def rules_script(comment: str, addresses: Sequence[Any]) -> str:
-    """The nft script adding one rule per address (``ipaddress.IPv4Interface`` / ``IPv6Interface``)."""
-    lines = [_SKELETON]
+def rules_script(comment: str, addresses: Sequence[Any], declare: bool = False) -> str:
+    """The nft script adding one rule per address (``ipaddress.IPv4Interface`` / ``IPv6Interface``); with
+    ``declare``, the table and chain are declared first."""
+    lines = [_SKELETON] if declare else []
     for a in addresses:
         fam = "ip" if a.version == 4 else "ip6"
         lines.append(
-            f"add rule inet {TABLE} {CHAIN} {fam} saddr {a.ip} {fam} daddr != "
-            f'{{ {a.network}, {_MULTICAST[a.version]} }} masquerade comment "{comment}"\n'
+            f"add rule inet {TABLE} {CHAIN} {fam} saddr {a.ip} {fam} daddr != {a.network} "
+            f'{fam} daddr != {_MULTICAST[a.version]} masquerade comment "{comment}"\n'
         )
     return "".join(lines)
 
@@ -57,9 +61,15 @@ def add_rules(network: str, host_veth: str, container_id: str, addresses: Sequen
     """Masquerade traffic from ``addresses`` leaving their subnets (one atomic nft transaction)."""
     if not addresses:
         return
-    script = rules_script(names.rule_comment(network, host_veth, container_id), addresses)
+    comment = names.rule_comment(network, host_veth, container_id)
     try:
-        _nft([], script)
+        _nft([], rules_script(comment, addresses))
+        return
+    except CommandError as e:
+        if "No such file or directory" not in e.stderr:
+            raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+    try:
+        _nft([], rules_script(comment, addresses, declare=True))
     except CommandError as e:
         raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
 
