@@ -4,7 +4,8 @@ Two shapes reach the entry point:
 
 - :class:`BridgeConf` — nodeplug as the main plugin (``"type": "nodeplug"``), with the reference ``bridge`` plugin's
   key names (bridge, mtu, isGateway, isDefaultGateway, forceAddress, ipMasq, hairpinMode, promiscMode, vlan, ipam, dns)
-  plus ``socket`` (where the agent serves thick mode);
+  plus ``socket`` (where the agent serves thick mode) and ``agentTimeout`` (how long the entry point waits for the
+  agent to take a request before doing the work itself);
 - :class:`IpamPluginConf` — nodeplug as *another* plugin's IPAM (the top-level ``type`` is someone else's, e.g. the
   reference ``bridge``, and ``ipam.type`` is ``"nodeplug"``). Only the keys IPAM needs are read, so the calling
   plugin's own fields (which may clash with ours in type) are never judged.
@@ -92,6 +93,7 @@ class BridgeConf:
     ipam_conf: IpamConf | None = None  # parsed when ipam.type is "nodeplug"
     dns: DNS = field(default_factory=DNS)
     socket: str = DEFAULT_SOCKET
+    agent_timeout: float = 2.0  # seconds the entry point waits for the agent to take a request
     prev_result: Result | None = None
     runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
     args: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -327,6 +329,9 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
     if not socket.startswith("/"):
         raise _bad("socket", "an absolute path to the agent's CNI socket", socket)
     is_default_gateway = _get_bool(d, "isDefaultGateway")
+    agent_timeout = d.get("agentTimeout", 2.0)
+    if isinstance(agent_timeout, bool) or not isinstance(agent_timeout, (int, float)) or not 0 < agent_timeout <= 60:
+        raise _bad("agentTimeout", "a number of seconds above 0 and at most 60", agent_timeout)
     return BridgeConf(
         name=name,
         cni_version=version,
@@ -344,6 +349,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
         ipam_conf=parse_ipam(ipam) if ipam_type == PLUGIN_TYPE else None,
         dns=DNS.from_dict(d.get("dns")),
         socket=socket,
+        agent_timeout=float(agent_timeout),
         prev_result=prev,
         runtime_config=rc,
         args=args,

@@ -1,0 +1,197 @@
+"""The agent's CNI plugin: serves thick mode on ``/run/nodeplug/cni.sock`` (under the agent's root).
+
+An asyncio unix server speaks :mod:`cni.thick`: read the request, ACK, wait for GO, then run the very same protocol
+code the standalone entry point runs (:func:`cni.skel.run` over :mod:`cni.commands` and :mod:`cni.dataplane`) in a
+thread pool of ``workers`` threads, and send back the exit status and stdout. Requests for the same container id are
+serialised (an ADD and the DEL that follows a failed sandbox never overlap); different containers run concurrently.
+
+Warm state is the point: pyroute2 is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
+caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
+
+Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from cni import thick
+from cni.config import Config
+from nodeplug.metrics import RPC_BUCKETS
+from nodeplug.plugin import AgentContext, Readiness
+
+
+class _KeyedLocks:
+    """One asyncio lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> Any:
+        if not key:
+            yield
+            return
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class CniPlugin:
+    name = "cni"
+
+    def __init__(self, section: Config, ctx: AgentContext) -> None:
+        self.section = section
+        self.ctx = ctx
+        self.log = ctx.logger("cni")
+        self.path = Path(ctx.root(section.socket))
+        self._server: asyncio.AbstractServer | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._table: dict[str, Any] = {}
+        self._locks = _KeyedLocks()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.requests = Counter(
+            "nodeplug_cni_requests",
+            "CNI invocations served in thick mode, by command and CNI result code (0 for success).",
+            ["command", "code"],
+            registry=ctx.metrics.registry,
+        )
+        self.seconds = Histogram(
+            "nodeplug_cni_request_duration_seconds",
+            "Thick-mode CNI invocation latency in seconds (from GO to answer), by command.",
+            ["command"],
+            buckets=RPC_BUCKETS,
+            registry=ctx.metrics.registry,
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        import cni.dataplane  # warm: pyroute2 and the dataplane are imported once, here
+        from cni import commands
+
+        self._table = commands.table(cni.dataplane)
+        self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # stale from a previous run: nobody can be serving it (we are the agent)
+        self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
+        os.chmod(self.path, 0o600)
+        self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
+
+    async def stop(self, grace: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+            for t in pending:
+                t.cancel()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=max(grace, 0.1))
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        from cni.ipam import sqlite
+
+        sqlite.close_all()
+        self.log.info("stopped CNI thick mode", socket=str(self.path))
+
+    def readiness(self) -> Readiness:
+        if self._server is None or not self._server.is_serving():
+            return Readiness(False, f"not serving {self.path}")
+        return Readiness(True, f"serving {self.path}")
+
+    async def reload(self, section: Any) -> None:
+        assert isinstance(section, Config)
+        old, self.section = self.section, section
+        if (old.socket, old.workers) != (section.socket, section.workers):
+            self.log.info("restarting CNI thick mode for the new config", socket=section.socket)
+            await self.stop(grace=5.0)
+            self.path = Path(self.ctx.root(section.socket))
+            await self.start()
+
+    # ------------------------------------------------------------ serving
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, thick.ProtocolError, TimeoutError) as e:
+            self.log.debug("CNI client went away", error=str(e))
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frame = await asyncio.wait_for(
+            thick.read_frame_async(reader, self.section.max_request_bytes), self.section.handshake_timeout
+        )
+        env, stdin = thick.parse_request(frame)
+        writer.write(thick.ACK)
+        await writer.drain()
+        if await asyncio.wait_for(reader.readexactly(1), self.section.handshake_timeout) != thick.GO:
+            raise thick.ProtocolError("expected GO after ACK")
+        command = env.get("CNI_COMMAND", "")
+        container_id = env.get("CNI_CONTAINERID", "")
+        async with self._locks.hold(container_id):
+            started = time.monotonic()
+            loop = asyncio.get_running_loop()
+            code, out = await loop.run_in_executor(self._executor, self._run, env, stdin)
+            seconds = time.monotonic() - started
+        cni_code = _result_code(code, out)
+        self.requests.labels(command or "none", str(cni_code)).inc()
+        self.seconds.labels(command or "none").observe(seconds)
+        fields = {"command": command, "container_id": container_id or None, "ifname": env.get("CNI_IFNAME") or None}
+        if code == 0:
+            self.log.info("CNI request done", ms=round(seconds * 1000, 1), **fields)
+        else:
+            self.log.warning("CNI request failed", code=cni_code, detail=out[:500], **fields)
+        writer.write(thick.encode_frame({"exit": code, "stdout": out}))
+        await writer.drain()
+
+    def _run(self, env: dict[str, str], stdin: bytes) -> tuple[int, str]:
+        from cni import skel
+
+        buf = io.StringIO()
+        code = skel.run(self._table, env, stdin, buf)
+        return code, buf.getvalue()
+
+
+def _result_code(exit_code: int, out: str) -> int:
+    if exit_code == 0:
+        return 0
+    import json
+
+    try:
+        return int(json.loads(out).get("code", 999))
+    except (ValueError, AttributeError, TypeError):
+        return 999
+
+
+def create(section: Config, ctx: AgentContext) -> CniPlugin:
+    return CniPlugin(section, ctx)
