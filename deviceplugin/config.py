@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nodeplug.configbase import Section
 
@@ -57,6 +57,17 @@ def _absolute(v: str) -> str:
     return v
 
 
+def _dev_path(v: str) -> str:
+    _absolute(v)
+    if not v.startswith("/dev/"):
+        raise ValueError("expected a path under /dev/")
+    return v
+
+
+AbsPath = Annotated[str, AfterValidator(_absolute)]
+DevPath = Annotated[str, AfterValidator(_dev_path)]
+
+
 def _placeholders(argv: list[str], allowed: set[str]) -> list[str]:
     for arg in argv:
         for name in _FIELD.findall(arg):
@@ -77,7 +88,7 @@ class PciMatch(_Model):
     vendor: str | None = None
     device: str | None = None
     class_prefix: str | None = None
-    nodes: list[str] = Field(default_factory=lambda: ["/dev/vfio/{iommu_group}"])
+    nodes: list[DevPath] = Field(default_factory=lambda: ["/dev/vfio/{iommu_group}"])
 
     @field_validator("vendor", "device")
     @classmethod
@@ -96,8 +107,6 @@ class PciMatch(_Model):
     @field_validator("nodes")
     @classmethod
     def _nodes(cls, v: list[str]) -> list[str]:
-        for n in v:
-            _absolute(n)
         return _placeholders(v, _PCI_PLACEHOLDERS)
 
     @model_validator(mode="after")
@@ -121,14 +130,9 @@ class UsbMatch(_Model):
 
 
 class MountSpec(_Model):
-    host_path: str
-    container_path: str
+    host_path: AbsPath
+    container_path: AbsPath
     read_only: bool = True
-
-    @field_validator("host_path", "container_path")
-    @classmethod
-    def _abs(cls, v: str) -> str:
-        return _absolute(v)
 
 
 class HealthSpec(_Model):
@@ -154,10 +158,10 @@ class ResetSpec(_Model):
 
 class Resource(_Model):
     name: str
-    devices: list[str] = Field(default_factory=list)
+    devices: list[DevPath] = Field(default_factory=list)
     pci: list[PciMatch] = Field(default_factory=list)
     usb: list[UsbMatch] = Field(default_factory=list)
-    nodes: list[str] = Field(default_factory=list)
+    nodes: list[DevPath] = Field(default_factory=list)
     replicas: int = Field(default=1, ge=1, le=1024)
     allocation: Literal["spread", "pack"] = "spread"
     permissions: Literal["rw", "rwm"] = "rw"
@@ -175,21 +179,12 @@ class Resource(_Model):
             raise ValueError("expected a DNS label: lower-case letters, digits and '-', at most 63 characters")
         return v
 
-    @field_validator("devices", "nodes")
-    @classmethod
-    def _paths(cls, v: list[str]) -> list[str]:
-        for p in v:
-            _absolute(p)
-            if not p.startswith("/dev/"):
-                raise ValueError(f"expected a path under /dev/, got {p!r}")
-        return v
-
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for k in v:
             if not _ENV.match(k):
-                raise ValueError(f"expected environment variable names like FOO_BAR, got {k!r}")
+                raise ValueError(f"expected environment variable names like FOO_BAR, not {k!r}")
         return v
 
     @model_validator(mode="after")
@@ -216,15 +211,10 @@ def _default_resources() -> list[Resource]:
 
 
 class Config(Section):
-    host_root: str = "/"
+    host_root: AbsPath = "/"
     rescan_seconds: float = Field(default=30.0, ge=1, le=3600)
     register_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     resources: list[Resource] = Field(default_factory=_default_resources)
-
-    @field_validator("host_root")
-    @classmethod
-    def _root(cls, v: str) -> str:
-        return _absolute(v)
 
     @field_validator("resources")
     @classmethod
@@ -232,6 +222,6 @@ class Config(Section):
         seen: set[str] = set()
         for r in v:
             if r.name in seen:
-                raise ValueError(f"resource name {r.name!r} appears twice")
+                raise ValueError(f"expected unique resource names, {r.name!r} appears twice")
             seen.add(r.name)
         return v
