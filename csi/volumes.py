@@ -395,12 +395,19 @@ class VolumeManager:
         be.ready()
         return be.free_bytes(self.store.list_volumes()[0])
 
-    def volume_condition(self, volume_id: str) -> Condition:
+    def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:
+        """Abnormal, with a message, when the volume's bytes are missing or its filesystem records errors.
+
+        ``quick`` only checks that the backing file or subvolume is there (for listing many volumes).
+        """
         v = self._volume(volume_id)
         try:
             be = self._backend(v.backend, "volume.backend")
         except FailedPrecondition as e:
             return Condition(True, str(e))
+        if quick:
+            ok = Path(v.path).is_dir() if v.is_subvolume else Path(v.path).is_file()
+            return Condition(not ok, "volume is present" if ok else f"{v.path} is missing")
         problem = be.condition(v)
         return Condition(bool(problem), problem or "volume is healthy")
 
