@@ -1,0 +1,224 @@
+"""podman as the real CNI client: a container on a nodeplug network sees its address and reaches the gateway, and
+removing it frees the lease.
+
+podman 4.3 is forced onto its CNI backend with a containers.conf in a temp dir whose ``cni_plugin_dirs`` holds our
+entry point as ``nodeplug`` (a wrapper executing the repo's ``.venv/bin/nodeplug-cni``) and the reference plugins;
+storage (vfs) lives in the temp dir too, and the container runs from a busybox root filesystem directory. podman runs
+with its network namespace set to a test netns (``nsenter --net``; ``ip netns exec`` would remount /sys and hide the
+cgroup mounts runc needs), so the bridge, the veths and the forwarding sysctl never touch the root netns. The agent is
+not running (the config's ``socket`` names a path that does not exist), so the entry point works standalone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (Debian package podman)"),
+    pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (Debian package runc)"),
+    pytest.mark.skipif(
+        not Path("/bin/busybox").exists(), reason="busybox is not installed (Debian package busybox-static)"
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = REPO / ".venv" / "bin" / "nodeplug-cni"
+NETWORK = "npe2e"
+BRIDGE = "npe2e0"
+SUBNET4, GW4 = "10.88.77.0/24", "10.88.77.1"
+SUBNET6, GW6 = "fd88:77::/64", "fd88:77::1"
+APPLETS = ("sh", "ip", "ping", "cat", "sleep", "grep")
+
+
+class Podman:
+    """podman confined to a temp dir and a test host netns."""
+
+    def __init__(self, tmp: Path, host_netns: str, store: Path) -> None:
+        self.tmp = tmp
+        self.host_netns = host_netns
+        self.ipam_dir = tmp / "ipam"
+        self.rootfs = tmp / "rootfs"
+        self.store = store  # podman wants a runroot path of at most 50 characters
+        self._write_config()
+        self._write_rootfs()
+
+    def _write_config(self) -> None:
+        bin_dir = self.tmp / "cni-bin"
+        conf_dir = self.tmp / "net.d"
+        bin_dir.mkdir()
+        conf_dir.mkdir()
+        wrapper = bin_dir / "nodeplug"
+        wrapper.write_text(f'#!/bin/sh\nexec {ENTRY} "$@"\n')
+        wrapper.chmod(0o755)
+        (self.tmp / "containers.conf").write_text(
+            "[containers]\n"
+            'default_ulimits = ["nofile=1024:20000", "nproc=1024:2048"]\n'
+            "[network]\n"
+            'network_backend = "cni"\n'
+            f'cni_plugin_dirs = ["{bin_dir}", "/usr/lib/cni"]\n'
+            f'network_config_dir = "{conf_dir}"\n'
+            "[engine]\n"
+            'cgroup_manager = "cgroupfs"\n'
+            'events_logger = "file"\n'
+            f'events_logfile_path = "{self.tmp}/events.log"\n'
+            'runtime = "runc"\n'
+            f'tmp_dir = "{self.tmp}/libpod-tmp"\n'
+        )
+        (self.tmp / "storage.conf").write_text(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{self.store}/graph"\nrunroot = "{self.store}/run"\n'
+        )
+        conflist = {
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "plugins": [
+                {
+                    "type": "nodeplug",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "isDefaultGateway": True,
+                    "socket": str(self.tmp / "no-agent" / "cni.sock"),
+                    "ipam": {
+                        "type": "nodeplug",
+                        "ranges": [[{"subnet": SUBNET4}], [{"subnet": SUBNET6}]],
+                        "dataDir": str(self.ipam_dir),
+                    },
+                }
+            ],
+        }
+        (conf_dir / f"{NETWORK}.conflist").write_text(json.dumps(conflist))
+
+    def _write_rootfs(self) -> None:
+        for d in ("bin", "proc", "sys", "dev", "etc", "tmp"):
+            (self.rootfs / d).mkdir(parents=True)
+        shutil.copy("/bin/busybox", self.rootfs / "bin" / "busybox")
+        for applet in APPLETS:
+            (self.rootfs / "bin" / applet).symlink_to("busybox")
+
+    def run(self, *args: str, timeout: float = 60) -> str:
+        env = {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.tmp / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(self.tmp / "storage.conf"),
+        }
+        argv = [
+            "nsenter",
+            f"--net=/run/netns/{self.host_netns}",
+            "podman",
+            "--root",
+            str(self.store / "graph"),
+            "--runroot",
+            str(self.store / "run"),
+            *args,
+        ]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if p.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+        return p.stdout
+
+    def leases(self) -> list[str]:
+        """Addresses leased in the network's IPAM store (read through the store's own API, in a child process so
+        this test process keeps no connection to the database)."""
+        code = (
+            "import json, sys\n"
+            "from cni.ipam.sqlite import open_store\n"
+            "with open_store(sys.argv[1], sys.argv[2]).transaction() as t:\n"
+            "    print(json.dumps(sorted(lease.ip for lease in t.leases())))\n"
+        )
+        if not (self.ipam_dir / f"{NETWORK}.db").exists():
+            return []
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(self.ipam_dir), NETWORK],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            timeout=30,
+        )
+        return list(json.loads(out.stdout))
+
+
+@pytest.fixture
+def podman(tmp_path: Path, netns: Callable[[], str]) -> Iterator[Podman]:
+    if not ENTRY.exists():
+        pytest.skip(f"the CNI entry point is not installed in the venv ({ENTRY}): run scripts/setup")
+    store = Path(tempfile.mkdtemp(prefix="np-pm-", dir="/tmp"))
+    pm = Podman(tmp_path, netns(), store)
+    yield pm
+    subprocess.run(
+        [
+            "nsenter",
+            f"--net=/run/netns/{pm.host_netns}",
+            "podman",
+            "--root",
+            str(pm.store / "graph"),
+            "--runroot",
+            str(pm.store / "run"),
+            "rm",
+            "-a",
+            "-f",
+            "-t",
+            "0",
+        ],
+        env={
+            **os.environ,
+            "CONTAINERS_CONF": str(tmp_path / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(tmp_path / "storage.conf"),
+        },
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    # vfs layers are plain directories, but podman leaves some of them read-only or as mount points: let it go
+    subprocess.run(["umount", "-R", "-l", str(pm.store)], capture_output=True, check=False)
+    shutil.rmtree(store, ignore_errors=True)
+
+
+def test_container_sees_its_addresses_and_reaches_the_gateway(podman: Podman) -> None:
+    out = podman.run(
+        "run", "--rm", "--network", NETWORK, "--rootfs", str(podman.rootfs),
+        "/bin/sh", "-c",
+        f"ip -o addr show dev eth0 && ip route && ip -6 route && ping -c 1 -W 2 {GW4} && ping -c 1 -W 2 {GW6}",
+    )  # fmt: skip
+    addrs = {line.split()[3] for line in out.splitlines() if " inet" in line}
+    v4 = [a for a in addrs if ipaddress.ip_interface(a).version == 4]
+    v6 = [a for a in addrs if ipaddress.ip_interface(a).version == 6 and not a.startswith("fe80")]
+    assert len(v4) == 1 and ipaddress.ip_interface(v4[0]) in ipaddress.ip_network(SUBNET4)
+    assert len(v6) == 1 and ipaddress.ip_interface(v6[0]).ip in ipaddress.ip_network(SUBNET6)
+    assert "tentative" not in out, out
+    assert f"default via {GW4} dev eth0" in out and f"default via {GW6} dev eth0" in out
+    assert out.count("1 packets received") == 2, out
+    assert podman.leases() == []  # --rm: DEL ran and freed both addresses
+
+
+def test_removing_the_container_frees_the_lease(podman: Podman) -> None:
+    cid = podman.run(
+        "run", "-d", "--network", NETWORK, "--rootfs", str(podman.rootfs), "/bin/sleep", "300"
+    ).strip()  # fmt: skip
+    leased = podman.leases()
+    assert len(leased) == 2, leased
+    inside = podman.run("exec", cid, "/bin/ip", "-o", "addr", "show", "dev", "eth0")
+    for ip in leased:
+        assert f" {ip}/" in inside
+    ports = json.loads(
+        subprocess.run(["ip", "-n", podman.host_netns, "-j", "link", "show", "master", BRIDGE],
+                       capture_output=True, text=True, check=True).stdout
+    )  # fmt: skip
+    assert len(ports) == 1 and ports[0]["ifname"].startswith("veth")
+    podman.run("rm", "-f", "-t", "0", cid)
+    assert podman.leases() == []
+    ports_after = subprocess.run(
+        ["ip", "-n", podman.host_netns, "-j", "link", "show", "master", BRIDGE], capture_output=True, text=True
+    ).stdout
+    assert json.loads(ports_after or "[]") == []
