@@ -114,7 +114,14 @@ class NodeHost:
     # ------------------------------------------------------------ lookups
 
     def volume(self, volume_id: str) -> Volume:
-        return self.manager.get_volume(volume_id)  # NotFound when unknown
+        """The volume with this id, or the ephemeral volume kubelet calls by this name; NotFound otherwise."""
+        try:
+            return self.manager.get_volume(volume_id)
+        except NotFound:
+            v = self.ephemeral_of(volume_id)
+            if v is None:
+                raise
+            return v
 
     def ephemeral_of(self, volume_id: str) -> Volume | None:
         """The ephemeral volume kubelet calls ``volume_id`` (our volume's name), if this is one."""
@@ -284,6 +291,12 @@ class NodeHost:
         missing = [f for f in spec.flags if f in PER_MOUNT_FLAGS and f not in entry.options]
         if missing:
             raise AlreadyExists(f"{where} without mount flags {missing}")
+        rec = self.store.get_stage(v.volume_id)
+        staged = mounts.find_mount(rec.staging_path) if rec and not v.is_block else None
+        inherited = set(staged.options) if staged else set()
+        extra = sorted((set(entry.options) & PER_MOUNT_FLAGS) - set(spec.flags) - inherited - {"relatime"})
+        if extra:
+            raise AlreadyExists(f"{where} with other mount flags {extra}")
         if (entry.fs_type == "devtmpfs") != v.is_block:
             raise AlreadyExists(f"{where} with another access type")
 
@@ -327,17 +340,11 @@ class NodeHost:
         ctx = dict(spec.context)
         size = parse_size(ctx["size"]) if "size" in ctx else DEFAULT_EPHEMERAL_BYTES
         params = {k: val for k, val in ctx.items() if not k.startswith("csi.storage.k8s.io/") and k != "size"}
-        backend = params.pop("backend", "") or self.manager.config.default_backend
-        fs = spec.fs_type or params.pop("fsType", "") or self.manager.config.default_fs_type
+        backend = params.pop("backend", "")
+        fs = spec.fs_type or params.pop("fsType", "")
         kind = spec.kind or "mount"
         v = self.manager.create_volume(
-            spec.volume_id,
-            CapacityRange(required_bytes=size),
-            kind,
-            "" if kind == "block" else fs,
-            backend,
-            params,
-            ephemeral=True,
+            spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
         )
         staging = self.ephemeral_dir / validate_id("volume_id", spec.volume_id)
         try:
@@ -434,6 +441,14 @@ class NodeHost:
         if v.fs_type == "xfs":
             _run(["xfs_growfs", rec.staging_path], f"growing xfs of {v.volume_id}")
         else:
-            _run(["resize2fs", device], f"growing ext4 of {v.volume_id}")
+            try:
+                run(["resize2fs", device], FS_TIMEOUT)
+            except CommandError as e:
+                hint = (
+                    "; online ext4 growth needs CAP_SYS_RESOURCE in the agent"
+                    if "Permission denied" in e.stderr
+                    else ""
+                )
+                raise Internal(f"growing ext4 of {v.volume_id}: {e}{hint}") from e
         self.log.info("expanded", volume_id=v.volume_id, bytes=size)
         return size

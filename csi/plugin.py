@@ -1,0 +1,186 @@
+"""The CSI plugin's lifecycle: open the state, reconcile it with the host, serve the CSI socket, register with kubelet.
+
+``start()``:
+
+1. opens the SQLite store under ``<root>/<data_dir>`` and builds the volume manager;
+2. reconciles records with the host. Stage and publish records whose mounts or loop devices are gone (a reboot, a
+   kill -9 at the wrong moment) are reported, not repaired behind kubelet's back and never deleted together with
+   data: kubelet stages and publishes again after a reboot, and NodeStageVolume re-attaches and re-mounts;
+3. serves Identity, Controller, GroupController and Node on ``<root>/var/lib/kubelet/plugins/<driver>/csi.sock``;
+4. serves ``pluginregistration`` on ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock``, announcing the CSI
+   socket by its host path (see :mod:`nodeplug.pluginwatcher` for why it is not root-prefixed).
+
+Readiness: ready when both sockets are served and kubelet has not rejected the registration. On a node where no
+kubelet ever dials the registration socket (a bare host, the demo, tests) the driver is still usable through its
+socket, so "not yet registered" is ready and said in the detail; a registration kubelet *rejected* is not ready.
+``stop(grace)`` stops both servers and removes both sockets; mounts and loop devices stay (pods keep their volumes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from csi import loopdev, mounts
+from csi.config import Config
+from csi.controller import ControllerServicer
+from csi.groupcontroller import GroupControllerServicer
+from csi.identity import IdentityServicer
+from csi.node import NodeServicer
+from csi.nodehost import NodeHost
+from csi.state import StateStore
+from csi.volumes import VolumeManager
+from nodeplug.api.csi.v1 import csi_pb2_grpc
+from nodeplug.grpcserve import DEFAULT_QUIET, UnixGrpcServer
+from nodeplug.log import Logger
+from nodeplug.paths import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from nodeplug.plugin import AgentContext, Readiness
+from nodeplug.pluginwatcher import CSI_PLUGIN, RegistrationServer
+
+SUPPORTED_VERSIONS = ("1.0.0",)
+QUIET = DEFAULT_QUIET | {
+    "NodeGetInfo",
+    "NodeGetVolumeStats",
+    "ControllerGetCapabilities",
+    "GroupControllerGetCapabilities",
+}
+
+
+def csi_socket_default(driver: str) -> str:
+    """The CSI socket's path on the host, as kubelet dials it."""
+    return f"{PLUGINS_DIR}/{driver}/csi.sock"
+
+
+def registration_socket_default(driver: str) -> str:
+    return f"{PLUGINS_REGISTRY_DIR}/{driver}-reg.sock"
+
+
+class CsiPlugin:
+    name = "csi"
+
+    def __init__(self, config: Config, ctx: AgentContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.log = ctx.logger("csi")
+        self.socket_path = ctx.root(csi_socket_default(config.driver_name))
+        self.registration_path = ctx.root(registration_socket_default(config.driver_name))
+        self.store: StateStore | None = None
+        self.manager: VolumeManager | None = None
+        self._server: UnixGrpcServer | None = None
+        self._registration: RegistrationServer | None = None
+        self.missing: list[str] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg, root = self.config, self.ctx.root
+        data_dir = root(cfg.data_dir)
+        await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
+        self.store = await asyncio.to_thread(StateStore, data_dir / "state.db")
+        self.manager = VolumeManager(self.store, cfg, root=root)
+        self.missing = await asyncio.to_thread(reconcile, self.manager, self.log)
+        kubelet_dir = root(cfg.kubelet_dir)
+        host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
+        server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
+        server.add(csi_pb2_grpc.add_IdentityServicer_to_server, IdentityServicer(cfg.driver_name, self._probe))
+        server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager, cfg))
+        server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager, cfg))
+        server.add(
+            csi_pb2_grpc.add_NodeServicer_to_server,
+            NodeServicer(cfg, self.store, host, self.manager.locks, kubelet_dir, self.log),
+        )
+        await server.start()
+        self._server = server
+        if cfg.registration_enabled:
+            reg = RegistrationServer(
+                socket_path=self.registration_path,
+                plugin_type=CSI_PLUGIN,
+                name=cfg.driver_name,
+                endpoint=csi_socket_default(cfg.driver_name),
+                supported_versions=SUPPORTED_VERSIONS,
+                metrics=self.ctx.metrics,
+                plugin="csi",
+                log=self.log,
+            )
+            try:
+                await reg.start()
+            except BaseException:
+                await server.stop(0)
+                self._server = None
+                raise
+            self._registration = reg
+        self.log.info("csi driver started", driver=cfg.driver_name, socket=str(self.socket_path))
+
+    async def stop(self, grace: float) -> None:
+        if self._registration is not None:
+            await self._registration.stop(grace)
+            self._registration = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        for path in (self.socket_path, self.registration_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def readiness(self) -> Readiness:
+        if self._server is None or not self._server.serving:
+            return Readiness(False, "csi socket not served")
+        if not self.config.registration_enabled:
+            return Readiness(True, "serving; kubelet registration disabled")
+        reg = self._registration
+        if reg is None or not reg.serving:
+            return Readiness(False, "registration socket not served")
+        return Readiness(not reg.rejected, f"serving; {reg.status.describe()}")
+
+    async def reload(self, section: Config) -> None:
+        if section == self.config:
+            return
+        self.log.info("csi config changed: restarting the driver's servers")
+        await self.stop(5.0)
+        self.config = section
+        self.socket_path = self.ctx.root(csi_socket_default(section.driver_name))
+        self.registration_path = self.ctx.root(registration_socket_default(section.driver_name))
+        await self.start()
+
+    async def _probe(self) -> bool:
+        store = self.store
+        if store is None or self._server is None:
+            return False
+        await asyncio.to_thread(store.count_volumes)  # raises when the database is unusable
+        return True
+
+
+def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
+    """Compare stage and publish records with the host; return (and log) one line per thing found missing."""
+    store = manager.store
+    table = mounts.mount_table()
+    missing: list[str] = []
+    for rec in store.list_stages():
+        v = store.get_volume(rec.volume_id)
+        if v is None:
+            missing.append(f"stage record of unknown volume {rec.volume_id} at {rec.staging_path}")
+            continue
+        backing = manager.backing_path(v)
+        if not backing.exists():
+            missing.append(f"volume {v.volume_id}: backing {backing} is missing")
+            continue
+        if not v.is_subvolume and loopdev.find(backing) is None:
+            missing.append(f"volume {v.volume_id}: loop device gone; NodeStageVolume re-attaches it")
+        if not v.is_block and not mounts.is_mounted(rec.staging_path, table):
+            missing.append(f"volume {v.volume_id}: not mounted at {rec.staging_path}; NodeStageVolume re-mounts it")
+    for pub in store.list_publishes():
+        if not mounts.is_mounted(pub.target_path, table):
+            missing.append(f"volume {pub.volume_id}: not mounted at target {pub.target_path}")
+    for line in missing:
+        log.warning("reconcile: host and state disagree", detail=line)
+    if not missing:
+        log.info("reconcile: host and state agree", stages=len(store.list_stages()))
+    return missing
+
+
+def create(section: Config, ctx: AgentContext) -> CsiPlugin:
+    """Build the CSI plugin (no side effects until ``start``)."""
+    return CsiPlugin(section, ctx)
