@@ -1,9 +1,10 @@
 """Sizing rules: from a CSI capacity range (and a content source) to the size a volume gets.
 
-Sizes are whole MiB (a loop file, an ext4/xfs filesystem and a qgroup limit are all happy with that). A volume
-gets the smallest size that satisfies ``required_bytes``, the filesystem's minimum and its content source, and must
-not exceed ``limit_bytes``; when no size is asked for it gets :data:`DEFAULT_BYTES` (capped by the limit). A range
-that cannot be met is OUT_OF_RANGE, as the CSI spec's error table for CreateVolume and ControllerExpandVolume says.
+Sizes are whole MiB, or whole 4 KiB pages when a narrow range holds no whole MiB (loop devices, ext4/xfs and qgroup
+limits are all happy with that). A volume gets the smallest size that satisfies ``required_bytes``, the
+filesystem's minimum and its content source, and must not exceed ``limit_bytes``; when no size is asked for it gets
+:data:`DEFAULT_BYTES` (capped by the limit). A range that cannot be met is OUT_OF_RANGE, as the CSI spec's error
+table for CreateVolume and ControllerExpandVolume says.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 DEFAULT_BYTES = 1 * GIB
 UNIT = MIB
+PAGE = 4096
 
 
 def round_up(n: int, unit: int = UNIT) -> int:
@@ -39,15 +41,17 @@ def volume_size(required: int, limit: int, minimum: int = UNIT, source_size: int
     floor = max(required, minimum, source_size)
     size = round_up(floor) if required or source_size else round_up(max(DEFAULT_BYTES, floor))
     if limit and size > limit:
-        # the default or the rounding overshoots: take the largest whole MiB under the limit, if it still fits
+        # the default or the rounding overshoots: the largest whole MiB under the limit, else whole 4 KiB pages
         size = round_down(limit)
         if size < floor:
+            size = round_up(floor, PAGE)
+        if size > limit or size < floor:
             raise OutOfRange(_why(required, limit, minimum, source_size))
     return size
 
 
 def _why(required: int, limit: int, minimum: int, source_size: int) -> str:
-    parts = [f"capacity_range [{required}, {limit}] cannot be met in whole MiB"]
+    parts = [f"capacity_range [{required}, {limit}] cannot be met"]
     if minimum > UNIT:
         parts.append(f"the filesystem needs at least {minimum} bytes")
     if source_size:
@@ -64,5 +68,7 @@ def expanded_size(current: int, required: int, limit: int) -> int:
     if limit and size > limit:
         size = round_down(limit)
         if size < required:
-            raise OutOfRange(f"capacity_range [{required}, {limit}] cannot be met in whole MiB")
+            size = round_up(required, PAGE)
+        if size > limit:
+            raise OutOfRange(f"capacity_range [{required}, {limit}] cannot be met in whole 4 KiB pages")
     return max(size, current)
