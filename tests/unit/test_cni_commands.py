@@ -125,7 +125,7 @@ def test_del_passes_the_leased_addresses_then_releases(dp: FakeDataplane, store:
     code, out = call(dp, store, "DEL", netns="")
     assert (code, out) == (0, None)
     kind, cid, netns, ifname, ips = dp.calls[-1]
-    assert (kind, netns) == ("delete", None)
+    assert (kind, cid, netns, ifname) == ("delete", "c1", None, "eth0")
     assert [str(ip.address) for ip in ips] == ["10.30.0.2/29", "fd30::2/64"]
     assert store.leases == {}
     assert call(dp, store, "DEL")[0] == 0  # again: idempotent
