@@ -1,0 +1,239 @@
+"""Reload (in process and through the agent's SIGHUP), metrics and doctor, with a kubelet stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplugin.config import Config
+from deviceplugin.doctor import checks
+from deviceplugin.kubeletstub import FakeKubelet
+from deviceplugin.plugin import DevicePlugin, create
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2
+from nodeplug.checks import CheckFailed, CheckSkipped
+from nodeplug.config import ConfigError, parse
+from nodeplug.paths import DEVICE_PLUGIN_DIR, Root
+from nodeplug.plugin import AgentContext
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes device nodes with mknod"),
+]
+
+NULL = os.stat("/dev/null").st_rdev
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def short() -> Any:
+    # unix socket paths are limited to 107 bytes: pytest's tmp_path is too deep for the device-plugins directory
+    d = Path(tempfile.mkdtemp(prefix="npdp-"))
+    yield d
+    shutil.rmtree(d)
+
+
+def mknod(host: Path, path: str) -> None:
+    p = host / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(p, stat.S_IFCHR | 0o666, NULL)
+
+
+def section(host: Path, resources: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"host_root": str(host), "resources": resources}
+
+
+FUSE = {"name": "fuse", "devices": ["/dev/fuse"]}
+TUN = {"name": "tun", "devices": ["/dev/net/tun"]}
+SERIAL = {"name": "serial", "devices": ["/dev/ttyUSB*"]}
+
+
+@pytest.fixture
+async def running(short: Path) -> AsyncIterator[tuple[Path, AgentContext, FakeKubelet, DevicePlugin]]:
+    host = short / "host"
+    for node in ("/dev/fuse", "/dev/net/tun", "/dev/ttyUSB0"):
+        mknod(host, node)
+    (host / "sys").mkdir()
+    ctx = AgentContext(root=Root(short / "root"))
+    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
+    await kubelet.start()
+    plugin = create(Config.model_validate(section(host, [FUSE, TUN])), ctx)
+    await plugin.start()
+    try:
+        yield host, ctx, kubelet, plugin
+    finally:
+        await plugin.stop(0)
+        await kubelet.stop()
+
+
+async def test_reload_add_remove_change_and_keep(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
+    host, ctx, kubelet, plugin = running
+    fuse = await kubelet.wait_registered("nodeplug.io/fuse")
+    await kubelet.wait_registered("nodeplug.io/tun")
+    own = fuse.stub.ListAndWatch(api_pb2.Empty())
+    assert [d.ID for d in (await own.read()).devices] == ["fuse"]
+    fuse_runtime = plugin.resources["fuse"]
+    tun_runtime = plugin.resources["tun"]
+    tun_sock = ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-tun.sock"
+
+    changed_tun = {**TUN, "replicas": 2}
+    await plugin.reload(Config.model_validate(section(host, [FUSE, changed_tun, SERIAL])))
+    serial = await kubelet.wait_registered("nodeplug.io/serial")  # added
+    assert serial.latest == [("ttyUSB0", "Healthy", ())]
+    tun = await kubelet.wait_registered("nodeplug.io/tun", after=1)  # changed: restarted and registered again
+    assert [d[0] for d in tun.latest] == ["net-tun::0", "net-tun::1"]
+    assert plugin.resources["tun"] is not tun_runtime
+    assert plugin.resources["fuse"] is fuse_runtime and kubelet.count("nodeplug.io/fuse") == 1  # unchanged
+    mknod(host, "/dev/ttyUSB1")  # the kept resource's streams still work: ours sees nothing (fuse unchanged) ...
+    await serial.wait_listing(lambda listing: len(listing) == 2, 1)
+    assert not fuse.stream_ended and fuse_runtime.updates.subscribers == 2
+    own.cancel()
+
+    await plugin.reload(Config.model_validate(section(host, [FUSE, SERIAL])))  # tun removed
+    assert not tun_sock.exists()
+    assert "tun" not in plugin.resources
+    await tun.wait_listing(lambda listing: tun.stream_ended, 1)  # kubelet sees the stream end
+    assert plugin.readiness().ready
+
+
+async def test_bad_config_is_rejected_with_field_names(
+    running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin],
+) -> None:
+    host, _, kubelet, plugin = running
+    await kubelet.wait_registered("nodeplug.io/fuse")
+    bad = section(host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
+    with pytest.raises(ConfigError) as e:
+        parse({"deviceplugin": bad})
+    assert e.value.problems == ["deviceplugin.resources[1].pci[0].vendor: expected 4 hex digits, got '80860'"]
+    with pytest.raises(TypeError):
+        await plugin.reload(bad)
+    assert plugin.readiness().ready and set(plugin.resources) == {"fuse", "tun"}
+
+
+async def test_metrics(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
+    _, ctx, kubelet, _ = running
+    ep = await kubelet.wait_registered("nodeplug.io/fuse")
+    await kubelet.wait_registered("nodeplug.io/tun")
+    req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["fuse"])])
+    for _ in range(3):
+        await ep.stub.Allocate(req)
+    text = ctx.metrics.render().decode()
+    for line in (
+        'nodeplug_deviceplugin_devices{health="Healthy",resource="fuse"} 1.0',
+        'nodeplug_deviceplugin_devices{health="Unhealthy",resource="fuse"} 0.0',
+        'nodeplug_deviceplugin_registered{resource="tun"} 1.0',
+        'nodeplug_deviceplugin_streams{resource="fuse"} 1.0',
+        'nodeplug_deviceplugin_allocations_total{resource="fuse"} 3.0',
+        'nodeplug_deviceplugin_registrations_total{resource="fuse",result="ok"} 1.0',
+        'nodeplug_deviceplugin_allocate_duration_seconds_count{resource="fuse"} 3.0',
+        'nodeplug_rpc_total{code="OK",method="/v1beta1.DevicePlugin/Allocate",plugin="deviceplugin"} 3.0',
+    ):
+        assert line in text, line
+
+
+async def test_doctor_round_trip_and_skip(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
+    host, ctx, kubelet, plugin = running
+    await kubelet.wait_registered("nodeplug.io/fuse")
+    await kubelet.wait_registered("nodeplug.io/tun")
+    cfg = Config.model_validate(section(host, [FUSE, TUN]))
+    results = {c.name: await c.run() for c in checks(cfg, ctx) if c.group == "deviceplugin"}
+    assert results["host root"] == f"{host} has dev and sys"
+    assert results["fuse discovery"] == "1 devices"
+    assert results["fuse serving"].startswith("serving 1 devices (1 healthy); kubelet.sock present")
+    assert results["fuse allocate"] == "fuse -> /dev/fuse"
+    await plugin.stop(0)
+    for c in checks(cfg, ctx):
+        if c.name in ("fuse serving", "tun allocate"):
+            with pytest.raises(CheckSkipped, match="the agent is not running"):
+                await c.run()
+
+
+async def test_host_root_check_fails_without_sys(short: Path) -> None:
+    (short / "dev").mkdir()
+    cfg = Config.model_validate(section(short, [FUSE]))
+    check = next(c for c in checks(cfg, AgentContext(root=Root(short / "root"))) if c.name == "host root")
+    with pytest.raises(CheckFailed, match="sys is not readable"):
+        await check.run()
+
+
+# ---------------------------------------------------------------- the whole agent, reloaded with SIGHUP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_agent_process_reload_on_sighup(short: Path) -> None:
+    host = short / "host"
+    for node in ("/dev/fuse", "/dev/net/tun"):
+        mknod(host, node)
+    root = short / "root"
+    ctx = AgentContext(root=Root(root))
+    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
+    await kubelet.start()
+    conf = short / "agent.yaml"
+
+    def write(resources: list[dict[str, Any]]) -> None:
+        doc = {
+            "http": {"address": f"127.0.0.1:{_free_port()}"},
+            "csi": {"enabled": False},
+            "cni": {"enabled": False},
+            "deviceplugin": section(host, resources),
+        }
+        conf.write_text(yaml.safe_dump(doc))
+
+    write([FUSE])
+    log = (short / "agent.log").open("w")
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(conf), "--root", str(root)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+        fuse = await kubelet.wait_registered("nodeplug.io/fuse", timeout=30)
+        write([FUSE, TUN])
+        proc.send_signal(signal.SIGHUP)
+        tun = await kubelet.wait_registered("nodeplug.io/tun", timeout=10)
+        assert tun.latest == [("net-tun", "Healthy", ())]
+        assert kubelet.count("nodeplug.io/fuse") == 1 and not fuse.stream_ended  # unchanged: kept its stream
+        conf.write_text(conf.read_text().replace("name: tun", "name: TUN!"))  # bad: rejected, the running one stays
+        proc.send_signal(signal.SIGHUP)
+        await asyncio.sleep(0.5)
+        assert (ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-tun.sock").exists()
+        write([TUN])
+        proc.send_signal(signal.SIGHUP)
+        await fuse.wait_listing(lambda _: fuse.stream_ended, 10)
+        assert not (ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-fuse.sock").exists()
+        req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["net-tun"])])
+        resp = await tun.stub.Allocate(req)
+        assert resp.container_responses[0].devices[0].host_path == "/dev/net/tun"
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            log.close()
+            await kubelet.stop()
+    text = (short / "agent.log").read_text()
+    assert proc.returncode == 0, text
+    assert "deviceplugin.resources[1].name: expected a DNS label" in text
+    assert not list(ctx.root(DEVICE_PLUGIN_DIR).glob("nodeplug-*.sock"))  # stop removed every socket
