@@ -93,6 +93,9 @@ async def test_block_lifecycle_and_readonly_device() -> None:
         block_write(rw, b"B" * 4096, 1 * MiB)
         ro = await d.publish(vid, pod="reader", block=True, readonly=True, mode=Cap.AccessMode.MULTI_NODE_READER_ONLY)
         assert block_read(ro, 4096, 1 * MiB) == b"B" * 4096
+        await d.publish(vid, pod="writer", block=True)  # repeat, with a read-only device now attached too
+        block_write(rw, b"C" * 4096, 2 * MiB)  # still the writable device
+        assert block_read(ro, 4096, 2 * MiB) == b"C" * 4096
         with pytest.raises(OSError) as e:
             block_write(ro, b"x" * 512)
         assert e.value.errno in (errno.EROFS, errno.EPERM, errno.EACCES)
