@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,13 +99,27 @@ class SqliteStore:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.close(fd)
             self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            with self._write():
-                for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
-                    self._conn.execute(stmt)
+            self._init()
         except (OSError, sqlite3.Error) as e:
             raise CniError(IPAM_STORE, details=f"cannot open the IPAM store {self.path}: {e}") from None
+
+    def _init(self) -> None:
+        """WAL mode and the schema. Switching to WAL takes an exclusive lock for which SQLite does not wait, so many
+        processes creating the file at once retry briefly here."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                with self._write():
+                    for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                        self._conn.execute(stmt)
+                return
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.03))
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
