@@ -119,8 +119,14 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         self.log = log or get_logger("csi")
 
     async def _locked(self, volume_id: str, fn: Callable[[], T]) -> T:
-        with self.locks.hold(f"volume/{volume_id}"):
-            return await asyncio.to_thread(fn)
+        """Run ``fn`` in a worker thread holding the volume's lock there, so a cancelled RPC (the caller's deadline)
+        cannot release the lock while the worker is still changing the host."""
+
+        def locked() -> T:
+            with self.locks.hold(f"volume/{volume_id}"):
+                return fn()
+
+        return await asyncio.to_thread(locked)
 
     def _path(self, field: str, value: str, required: bool = True) -> Path | None:
         return checked_path(field, value, self.kubelet_dir, required)

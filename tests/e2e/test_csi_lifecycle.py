@@ -200,13 +200,12 @@ async def test_condition_reports_missing_backing_file() -> None:
         assert not (await d.stats(vid, target)).volume_condition.abnormal
         backing = [p for p in (d.root / "var/lib/nodeplug/csi").rglob("*") if vid in p.name and p.is_file()]
         assert backing, "the volume's backing file is under the data dir"
-        moved = backing[0].with_name("moved-away")
-        backing[0].rename(moved)
+        backing[0].unlink()  # the loop device keeps the deleted file open; the volume is lost all the same
         cond = (await d.stats(vid, target)).volume_condition
-        assert cond.abnormal and "missing" in cond.message
-        moved.rename(backing[0])
-        await d.unpublish(vid, target)
+        assert cond.abnormal and "missing" in cond.message and str(backing[0]) in cond.message
+        await d.unpublish(vid, target)  # tearing down a broken volume still works
         await d.unstage(vid)
+        assert d.mounts_under_root() == [] and d.loops_under_root() == []
         await d.delete(vid)
 
 
@@ -300,3 +299,15 @@ async def test_btrfs_subvolume_lifecycle(loop_device: Callable[[int], str]) -> N
         await d.unstage(vid)
         assert d.mounts_under_root() == [str(mnt)]
         await d.delete(vid)
+
+        # block mode on the btrfs backend: a loop file on the btrfs
+        bid = (await d.create("pvc-btrfs-block", 32 * MiB, block=True, backend="btrfs")).volume_id
+        await d.stage(bid, block=True)
+        dev = await d.publish(bid, block=True)
+        block_write(dev, b"R" * 4096, 4096)
+        assert block_read(dev, 4096, 4096) == b"R" * 4096
+        assert (await d.stats(bid, dev)).usage[0].total == 32 * MiB
+        await d.unpublish(bid, dev)
+        await d.unstage(bid)
+        assert d.loops_under_root() == []
+        await d.delete(bid)

@@ -10,7 +10,7 @@ import pytest
 from csi.errors import InvalidArgument
 from csi.mounts import MountEntry, fs_problem, parse_mountinfo
 from csi.node import capability, checked_flags, checked_path
-from csi.nodehost import parse_size
+from csi.nodehost import loop_devices_of, parse_size
 from nodeplug.api.csi.v1 import csi_pb2
 
 Cap = csi_pb2.VolumeCapability
@@ -122,3 +122,19 @@ def test_fs_problem_reports_ext4_errors_and_remount_ro(tmp_path: Path) -> None:
     broken = MountEntry(**{**entries[4].__dict__, "mount_point": str(tmp_path)})
     assert "remounted read-only" in (fs_problem(broken, sys_fs=sysfs) or "")
     assert fs_problem(broken, expect_rw=False, sys_fs=sysfs) is None
+
+
+def test_loop_devices_of_reads_sysfs(tmp_path: Path) -> None:
+    backing = tmp_path / "vol.img"
+    backing.write_bytes(b"")
+    sys_block = tmp_path / "sys" / "block"
+    for name, back, ro in [
+        ("loop12", f"{backing} (deleted)", "1"),
+        ("loop3", str(backing), "0"),
+        ("loop4", "/elsewhere.img", "0"),
+    ]:
+        (sys_block / name / "loop").mkdir(parents=True)
+        (sys_block / name / "loop" / "backing_file").write_text(back + "\n")
+        (sys_block / name / "ro").write_text(ro + "\n")
+    (sys_block / "loop7").mkdir()  # not attached: no loop/ directory
+    assert loop_devices_of(backing, sys_block) == [("/dev/loop3", False), ("/dev/loop12", True)]
