@@ -173,8 +173,12 @@ def fs_errors(path: Path, fs_type: str) -> str:
     except CommandError as e:
         return f"cannot read the ext4 superblock: {e}"
     for line in out.splitlines():
-        if line.startswith("Filesystem state:") and "error" in line:
-            return f"ext4 reports errors ({line.split(':', 1)[1].strip()}): run e2fsck on the volume"
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key == "Filesystem state" and "error" in value:
+            return f"ext4 reports errors (state: {value}): run e2fsck on the volume"
+        if key == "FS Error count" and value.isdigit() and int(value) > 0:
+            return f"ext4 has recorded {value} errors: run e2fsck on the volume"
     return ""
 
 

@@ -1,0 +1,194 @@
+"""The loop-file backend on the real kernel: mkfs'd files, loop devices, mounts, frozen snapshots, size limits."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from csi import loopdev
+from csi.backends import fileops
+from csi.config import Config
+from csi.errors import Internal
+from csi.model import StageRecord, Volume, VolumeSource
+from csi.state import StateStore
+from csi.volumes import CapacityRange, VolumeManager
+from nodeplug.paths import Root
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
+MIB = 1 << 20
+
+
+def sh(*argv: str) -> str:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[VolumeManager]:
+    cfg = Config(node_id="n1")
+    store = StateStore(Root(tmp_path)(cfg.data_dir) / "state.db")
+    yield VolumeManager(store, cfg, root=Root(tmp_path))
+    store.close()
+
+
+@contextlib.contextmanager
+def mounted(v: Volume, where: Path, mounts: Callable[[Path], Path], ro: bool = False) -> Iterator[Path]:
+    """Mount a volume's file through a loop device (as the node side would), and take it all down afterwards."""
+    where.mkdir(parents=True, exist_ok=True)
+    dev = loopdev.attach(Path(v.path))
+    try:
+        opts = ["-o", ",".join(["nouuid"] if v.fs_type == "xfs" else ["defaults"]) + (",ro" if ro else "")]
+        sh("mount", "-t", v.fs_type, *opts, dev, str(mounts(where)))
+        try:
+            yield where
+        finally:
+            sh("umount", str(where))
+    finally:
+        loopdev.detach(dev)
+
+
+def fs_bytes(p: Path) -> int:
+    st = os.statvfs(p)
+    return st.f_blocks * st.f_frsize
+
+
+@pytest.mark.parametrize("fs,size", [("ext4", 16 * MIB), ("xfs", 300 * MIB)])
+def test_snapshot_restore_and_clone_keep_data(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path], fs: str, size: int
+) -> None:
+    payload = os.urandom(MIB)
+    src = manager.create_volume("src", CapacityRange(size), "mount", fs, "", {})
+    with mounted(src, tmp_path / "m-src", mounts) as m:
+        (m / "data.bin").write_bytes(payload)
+        original = fs_bytes(m)
+    snap = manager.create_snapshot("snap", src.volume_id, {})
+    assert snap.size_bytes == size and snap.fs_type == fs
+    with mounted(src, tmp_path / "m-src", mounts) as m:  # the source changes after the snapshot
+        (m / "data.bin").write_bytes(b"changed")
+
+    restored = manager.create_volume(
+        "restored", CapacityRange(size + 64 * MIB), "mount", fs, "", {}, VolumeSource("snapshot", snap.snapshot_id)
+    )
+    assert os.stat(restored.path).st_size == size + 64 * MIB
+    with mounted(restored, tmp_path / "m-restored", mounts) as m:
+        assert (m / "data.bin").read_bytes() == payload
+        assert fs_bytes(m) > original + 48 * MIB  # the filesystem grew with the file
+
+    clone = manager.create_volume(
+        "clone", CapacityRange(size), "mount", fs, "", {}, VolumeSource("volume", src.volume_id)
+    )
+    with mounted(clone, tmp_path / "m-clone", mounts) as m:
+        assert (m / "data.bin").read_bytes() == b"changed"
+
+    for v in (src, restored, clone):
+        manager.delete_volume(v.volume_id)
+        assert not os.path.exists(v.path)
+    manager.delete_snapshot(snap.snapshot_id)
+    assert not os.path.exists(snap.path)
+
+
+def test_snapshot_of_a_staged_volume_freezes_it(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
+) -> None:
+    """Data still in the page cache of the mounted filesystem reaches the snapshot: fsfreeze flushed it."""
+    v = manager.create_volume("live", CapacityRange(32 * MIB), "mount", "ext4", "", {})
+    staging = tmp_path / "kubelet" / "staging"
+    with mounted(v, staging, mounts) as m:
+        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.find(Path(v.path)) or ""))
+        payload = os.urandom(3 * MIB)
+        (m / "unsynced.bin").write_bytes(payload)  # no fsync: still dirty in the page cache
+        snap = manager.create_snapshot("live-snap", v.volume_id, {})
+        (m / "after.txt").write_text("thawed")  # the filesystem is writable again
+        manager.store.delete_stage(v.volume_id)
+    r = manager.create_volume(
+        "from-live", CapacityRange(32 * MIB), "mount", "ext4", "", {}, VolumeSource("snapshot", snap.snapshot_id)
+    )
+    with mounted(r, tmp_path / "m-r", mounts) as m:
+        assert (m / "unsynced.bin").read_bytes() == payload
+        assert not (m / "after.txt").exists()
+
+
+def test_mount_volume_capacity_is_enforced(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
+) -> None:
+    v = manager.create_volume("small", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    with mounted(v, tmp_path / "m", mounts) as m:
+        with pytest.raises(OSError) as e, open(m / "big", "wb") as f:
+            for _ in range(32):
+                f.write(bytes(MIB))
+            f.flush()
+            os.fsync(f.fileno())
+        assert e.value.errno == errno.ENOSPC
+    assert os.stat(v.path).st_size == 16 * MIB
+
+
+def test_block_volume_capacity_and_expansion(manager: VolumeManager) -> None:
+    v = manager.create_volume("blk", CapacityRange(8 * MIB), "block", "", "", {})
+    dev = loopdev.attach(Path(v.path))
+    try:
+        assert loopdev.attach(Path(v.path)) == dev  # a second attach reuses the device
+        assert int(sh("blockdev", "--getsize64", dev)) == 8 * MIB
+        fd = os.open(dev, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"x" * 4096, 8 * MIB - 4096)  # the last page: fine
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"x" * 4096, 8 * MIB)  # beyond the capacity
+            assert e.value.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        size, node = manager.expand_volume(v.volume_id, 24 * MIB)
+        assert (size, node) == (24 * MIB, True)
+        loopdev.refresh_size(dev)  # what NodeExpandVolume does for a block volume
+        assert int(sh("blockdev", "--getsize64", dev)) == 24 * MIB
+    finally:
+        loopdev.detach(dev)
+    loopdev.detach(dev)  # already detached: fine
+    assert loopdev.find(Path(v.path)) is None
+    manager.delete_volume(v.volume_id)
+
+
+def test_block_snapshot_copies_raw_bytes(manager: VolumeManager) -> None:
+    v = manager.create_volume("raw", CapacityRange(8 * MIB), "block", "", "", {})
+    with open(v.path, "r+b") as f:
+        f.seek(5 * MIB)
+        f.write(b"marker")
+    s = manager.create_snapshot("raw-snap", v.volume_id, {})
+    r = manager.create_volume(
+        "raw-r", CapacityRange(16 * MIB), "block", "", "", {}, VolumeSource("snapshot", s.snapshot_id)
+    )
+    with open(r.path, "rb") as f:
+        f.seek(5 * MIB)
+        assert f.read(6) == b"marker"
+    assert os.stat(r.path).st_size == 16 * MIB
+    assert os.stat(s.path).st_blocks * 512 < 2 * MIB  # a sparse copy
+
+
+def test_condition_sees_ext4_errors(manager: VolumeManager) -> None:
+    v = manager.create_volume("sick", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    assert not manager.volume_condition(v.volume_id).abnormal
+    sh("debugfs", "-w", "-R", "ssv error_count 3", v.path)  # what the kernel records on an ext4 error
+    cond = manager.volume_condition(v.volume_id)
+    assert cond.abnormal and "3 errors" in cond.message
+    sh("debugfs", "-w", "-R", "ssv error_count 0", v.path)
+    sh("debugfs", "-w", "-R", "ssv state 2", v.path)  # EXT2_ERROR_FS
+    cond = manager.volume_condition(v.volume_id)
+    assert cond.abnormal and "with errors" in cond.message
+
+
+def test_never_deletes_outside_the_data_dir(manager: VolumeManager, tmp_path: Path) -> None:
+    outside = tmp_path / "precious.img"
+    outside.write_bytes(b"keep")
+    rogue = Volume("vol-rogue", "rogue", MIB, "loopfile", "block", "", str(outside))
+    with pytest.raises(Internal, match="outside the driver's data dir"):
+        manager.backends["loopfile"].delete(rogue)
+    with pytest.raises(Internal):
+        fileops.remove_under(manager.data_dir / "volumes" / ".." / ".." / "precious.img", manager.data_dir)
+    assert outside.read_bytes() == b"keep"
