@@ -6,7 +6,8 @@ fails (``pop_all()`` on success):
 1. open the pod netns file and a netlink socket in the calling thread's (host) netns;
 2. the bridge (:mod:`bridge`; shared, so never undone);
 3. the veth pair, the peer created inside the pod as ``ifname`` (:mod:`veth`) — undo: delete the host end;
-4. from inside the pod netns: a netlink socket there, and ``accept_dad=0`` on ``ifname`` when IPv6 is used;
+4. from inside the pod netns: a netlink socket there, the index of ``ifname``, and ``accept_dad=0`` on it when IPv6 is
+   used;
 5. the host port: hairpin, VLAN, alias, up;
 6. the pod side: loopback, addresses, up, routes (:mod:`addrs`) — undone with the pair;
 7. forwarding sysctls on the host (``isGateway``);
@@ -20,7 +21,6 @@ neither the netns nor the addresses, and treats everything already gone as done.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -31,7 +31,7 @@ from cni.dataplane.addrs import configure_pod
 from cni.dataplane.bridge import ensure_bridge
 from cni.dataplane.netns import open_netns, same_netns
 from cni.dataplane.nl import host_socket, socket_in
-from cni.dataplane.veth import configure_host_port, create_pair, delete_host_end
+from cni.dataplane.veth import configure_host_port, create_pair, delete_host_end, index_of
 from cni.errors import INVALID_ENVIRONMENT, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface, IPConfig, Route
@@ -54,12 +54,18 @@ def add(
             raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {netns} is the host's own network namespace")
         with host_socket() as ipr, contextlib.ExitStack() as undo:
             br_index, br_iface = ensure_bridge(ipr, conf, ips)
-            host_index, host_iface = create_pair(ipr, conf, br_index, host_name, nsfd, netns, ifname)
+            host_iface, pod_iface = create_pair(ipr, conf, br_index, host_name, nsfd, netns, ifname)
             undo.callback(_quietly, delete_host_end, ipr, host_name)
-            no_dad = functools.partial(sysctl.ensure, sysctl.conf_key(6, ifname, "accept_dad"), "0", missing_ok=True)
-            with socket_in(nsfd, netns, no_dad if 6 in families else None) as nsr:
-                configure_host_port(ipr, conf, host_index, host_name, names.alias(conf.name, container_id, ifname))
-                pod_iface = configure_pod(nsr, netns, ifname, ips, routes)
+            pod_index: list[int] = []
+
+            def inside_pod() -> None:
+                pod_index.append(index_of(ifname))
+                if 6 in families:
+                    sysctl.ensure(sysctl.conf_key(6, ifname, "accept_dad"), "0", missing_ok=True)
+
+            with socket_in(nsfd, netns, inside_pod) as nsr:
+                configure_host_port(ipr, conf, host_name, names.alias(conf.name, container_id, ifname))
+                configure_pod(nsr, netns, ifname, pod_index[0], ips, routes)
             if conf.is_gateway:
                 _forwarding(families)
             if conf.ip_masq and ips:

@@ -11,9 +11,10 @@ Deleting the host end deletes the pair, so DEL never needs the pod's netns.
 from __future__ import annotations
 
 import errno
+import socket
 from typing import Any
 
-from cni.dataplane.nl import IFF_UP, NetlinkError, get_link, nl_error
+from cni.dataplane.nl import IFF_UP, NetlinkError, get_link, nl_error, random_mac
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface
@@ -21,10 +22,19 @@ from cni.types import Interface
 
 def create_pair(
     ipr: Any, conf: BridgeConf, bridge_index: int, host_name: str, nsfd: int, netns: str, ifname: str
-) -> tuple[int, Interface]:
-    """Create the pair (host end down, on the bridge); return the host end's index and result interface."""
-    peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": nsfd}
-    args: dict[str, Any] = {"ifname": host_name, "kind": "veth", "peer": peer, "master": bridge_index}
+) -> tuple[Interface, Interface]:
+    """Create the pair (both ends down, the host end on the bridge); return the host end's and the pod end's result
+    interfaces. Both MACs are chosen here (random, locally administered, as the kernel would) so nobody has to ask the
+    kernel for them afterwards."""
+    host_mac, pod_mac = random_mac(), random_mac()
+    peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": nsfd, "address": pod_mac}
+    args: dict[str, Any] = {
+        "ifname": host_name,
+        "kind": "veth",
+        "peer": peer,
+        "master": bridge_index,
+        "address": host_mac,
+    }
     if conf.mtu:
         args["mtu"] = conf.mtu
         peer["mtu"] = conf.mtu
@@ -42,14 +52,20 @@ def create_pair(
                 DATAPLANE, details=f"interface {ifname} already exists in the network namespace {netns}"
             ) from None
         raise nl_error(f"create veth pair {host_name} / {ifname}", e) from None
-    msg = get_link(ipr, host_name)
-    if msg is None:
-        raise CniError(DATAPLANE, details=f"host interface {host_name} vanished right after it was created")
-    return int(msg["index"]), Interface(name=host_name, mac=str(msg.get("IFLA_ADDRESS") or ""))
+    return Interface(name=host_name, mac=host_mac), Interface(name=ifname, mac=pod_mac, sandbox=netns)
 
 
-def configure_host_port(ipr: Any, conf: BridgeConf, index: int, host_name: str, alias: str) -> None:
+def index_of(name: str) -> int:
+    """The index of link ``name`` in the calling thread's netns (an ioctl, no netlink round trip)."""
+    try:
+        return socket.if_nametoindex(name)
+    except OSError as e:
+        raise CniError(DATAPLANE, details=f"interface {name} vanished right after it was created: {e}") from None
+
+
+def configure_host_port(ipr: Any, conf: BridgeConf, host_name: str, alias: str) -> None:
     """Hairpin and VLAN on the bridge port, then the alias and up in one request."""
+    index = index_of(host_name)
     if conf.hairpin_mode:
         try:
             ipr.brport("set", index=index, mode=1)
