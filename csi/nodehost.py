@@ -309,7 +309,11 @@ class NodeHost:
         self, v: Volume, spec: PublishSpec, existing: PublishRecord | None, entry: mounts.MountEntry
     ) -> None:
         where = f"volume {v.volume_id} is already published at {spec.target}"
-        if existing is None and entry.fs_type != "devtmpfs":
+        if v.is_block and entry.fs_type == "devtmpfs":
+            ours = {"/" + Path(dev).name for dev, _ in loop_devices_of(self.backing(v))}
+            if entry.root not in ours:
+                raise AlreadyExists(f"target_path {spec.target} already holds another device (/dev{entry.root})")
+        elif existing is None and entry.fs_type != "devtmpfs":
             stage_entry = self.store.get_stage(v.volume_id)
             staged = mounts.find_mount(stage_entry.staging_path) if stage_entry else None
             if staged is None or staged.dev != entry.dev:
