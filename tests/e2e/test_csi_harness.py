@@ -224,3 +224,14 @@ async def test_node_info_and_capabilities() -> None:
             R.VOLUME_CONDITION,
             R.SINGLE_NODE_MULTI_WRITER,
         }
+
+
+async def test_reload_with_a_changed_section_keeps_serving() -> None:
+    async with running_driver(Config(node_id="before")) as d:
+        assert d.plugin is not None
+        await d.plugin.reload(Config(node_id="before"))  # unchanged: nothing happens
+        await d.plugin.reload(Config(node_id="after"))
+        assert d.plugin.readiness().ready
+        async with aio.insecure_channel(f"unix://{d.plugin.socket_path}") as ch:
+            info = await csi_pb2_grpc.NodeStub(ch).NodeGetInfo(csi_pb2.NodeGetInfoRequest())
+        assert info.node_id == "after"

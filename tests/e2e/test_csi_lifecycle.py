@@ -3,6 +3,7 @@ inline volumes, stats and condition, online expansion. Real loop devices, mkfs a
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import stat
@@ -311,3 +312,23 @@ async def test_btrfs_subvolume_lifecycle(loop_device: Callable[[int], str]) -> N
         await d.unstage(bid)
         assert d.loops_under_root() == []
         await d.delete(bid)
+
+
+async def test_many_volumes_at_once() -> None:
+    async with running_driver() as d:
+
+        async def up(i: int) -> tuple[str, Path]:
+            vid = (await d.create(f"pvc-many-{i}", 16 * MiB)).volume_id
+            await d.stage(vid)
+            return vid, await d.publish(vid, pod=f"pod{i}")
+
+        published = await asyncio.gather(*(up(i) for i in range(12)))
+        assert len({t for _, t in published}) == 12 and len(d.loops_under_root()) == 12
+
+        async def down(vid: str, target: Path) -> None:
+            await d.unpublish(vid, target)
+            await d.unstage(vid)
+            await d.delete(vid)
+
+        await asyncio.gather(*(down(v, t) for v, t in published))
+        assert d.mounts_under_root() == [] and d.loops_under_root() == []
