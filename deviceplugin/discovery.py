@@ -20,6 +20,7 @@ reports a problem line instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import re
@@ -94,6 +95,7 @@ def _numa_from(host_root: str, sys_dir: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=8192)
 def natural_key(s: str) -> tuple[tuple[int, int | str], ...]:
     """Sort ``ttyUSB2`` before ``ttyUSB10``."""
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", s) if p)
@@ -103,9 +105,21 @@ def _exists(host_root: str, path: str) -> bool:
     return os.path.exists(_under(host_root, path))
 
 
-def _finish(host_root: str, dev_id: str, nodes: list[str], extra: list[str], numa: int | None, address: str) -> Device:
+def _finish(
+    host_root: str,
+    dev_id: str,
+    nodes: list[str],
+    extra: list[str],
+    numa: int | None,
+    address: str,
+    present: dict[str, bool],
+) -> Device:
+    """A device with its nodes; ``present`` caches node existence for one scan (nodes shared by many devices)."""
     paths = list(dict.fromkeys([*nodes, *extra]))
-    missing = tuple(p for p in paths if not _exists(host_root, p))
+    for p in paths:
+        if p not in present:
+            present[p] = _exists(host_root, p)
+    missing = tuple(p for p in paths if not present[p])
     return Device(
         id=dev_id,
         nodes=tuple(DeviceNode(p, p) for p in paths),
@@ -119,10 +133,13 @@ def glob_id(path: str) -> str:
     return path.removeprefix("/dev/").strip("/").replace("/", "-")
 
 
-def _glob(host_root: str, pattern: str, res: Resource, out: Discovery, seen: set[str]) -> None:
-    base = _under(host_root, "/")
+def _glob(
+    host_root: str, pattern: str, res: Resource, out: Discovery, seen: set[str], present: dict[str, bool]
+) -> None:
+    strip = len(host_root.rstrip("/"))
+    numa_of: dict[tuple[str, int], int | None] = {}
     for found in sorted(glob.glob(_under(host_root, pattern))):
-        host_path = "/" + os.path.relpath(found, base) if host_root != "/" else found
+        host_path = found[strip:]
         try:
             st = os.stat(found)
         except OSError:
@@ -133,13 +150,18 @@ def _glob(host_root: str, pattern: str, res: Resource, out: Discovery, seen: set
         if dev_id in seen:
             continue
         seen.add(dev_id)
+        present[host_path] = True
         kind = "char" if stat.S_ISCHR(st.st_mode) else "block"
-        sys_dir = _under(host_root, f"/sys/dev/{kind}/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
-        numa = _numa_from(host_root, os.path.join(sys_dir, "device")) if os.path.exists(sys_dir) else None
-        out.devices.append(_finish(host_root, dev_id, [host_path], res.nodes, numa, ""))
+        key = (kind, st.st_rdev)
+        if key not in numa_of:
+            sys_dir = _under(host_root, f"/sys/dev/{kind}/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+            numa_of[key] = _numa_from(host_root, os.path.join(sys_dir, "device")) if os.path.exists(sys_dir) else None
+        out.devices.append(_finish(host_root, dev_id, [host_path], res.nodes, numa_of[key], "", present))
 
 
-def _pci(host_root: str, matchers: list[PciMatch], res: Resource, out: Discovery, seen: set[str]) -> None:
+def _pci(
+    host_root: str, matchers: list[PciMatch], res: Resource, out: Discovery, seen: set[str], present: dict[str, bool]
+) -> None:
     top = _under(host_root, "/sys/bus/pci/devices")
     try:
         names = sorted(os.listdir(top))
@@ -168,7 +190,8 @@ def _pci(host_root: str, matchers: list[PciMatch], res: Resource, out: Discovery
                 nodes.append(tmpl.format(**fields))
             else:
                 seen.add(addr)
-                out.devices.append(_finish(host_root, addr, nodes, res.nodes, _numa_from(host_root, d), addr))
+                numa = _numa_from(host_root, d)
+                out.devices.append(_finish(host_root, addr, nodes, res.nodes, numa, addr, present))
             break
 
 
@@ -196,7 +219,9 @@ def _usb_nodes(host_root: str, dev_dir: str) -> list[str]:
     return nodes
 
 
-def _usb(host_root: str, matchers: list[UsbMatch], res: Resource, out: Discovery, seen: set[str]) -> None:
+def _usb(
+    host_root: str, matchers: list[UsbMatch], res: Resource, out: Discovery, seen: set[str], present: dict[str, bool]
+) -> None:
     top = _under(host_root, "/sys/bus/usb/devices")
     try:
         names = sorted(os.listdir(top), key=natural_key)
@@ -219,7 +244,8 @@ def _usb(host_root: str, matchers: list[UsbMatch], res: Resource, out: Discovery
                 out.problems.append(f"USB device {name} ({vendor}:{product}): no device nodes in sysfs, skipped")
                 break
             seen.add(name)
-            out.devices.append(_finish(host_root, name, nodes, res.nodes, _numa_from(host_root, d), name))
+            numa = _numa_from(host_root, d)
+            out.devices.append(_finish(host_root, name, nodes, res.nodes, numa, name, present))
             break
 
 
@@ -227,12 +253,13 @@ def discover(res: Resource, host_root: str) -> Discovery:
     """Every device of ``res`` present under ``host_root``, sorted by ID."""
     out = Discovery()
     seen: set[str] = set()
+    present: dict[str, bool] = {}
     for pattern in res.devices:
-        _glob(host_root, pattern, res, out, seen)
+        _glob(host_root, pattern, res, out, seen, present)
     if res.pci:
-        _pci(host_root, res.pci, res, out, seen)
+        _pci(host_root, res.pci, res, out, seen, present)
     if res.usb:
-        _usb(host_root, res.usb, res, out, seen)
+        _usb(host_root, res.usb, res, out, seen, present)
     out.devices.sort(key=lambda d: natural_key(d.id))
     return out
 
@@ -258,9 +285,8 @@ def watch_dirs(res: Resource, host_root: str, devices: list[Device]) -> set[str]
         out.update(matches)
         literal = re.split(r"[*?\[]", dir_part, maxsplit=1)[0]
         ancestor(literal if literal.endswith("/") or literal == dir_part else os.path.dirname(literal))
-    for dev in devices:
-        for node in dev.nodes:
-            ancestor(os.path.dirname(node.host_path))
+    for parent in {os.path.dirname(node.host_path) for dev in devices for node in dev.nodes}:
+        ancestor(parent)
     if res.pci:
         ancestor("/sys/bus/pci/devices")
     if res.usb:

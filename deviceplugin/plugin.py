@@ -48,6 +48,7 @@ class DevicePlugin:
         self._inotify: Inotify | None = None
         self._uevents: UeventMonitor | None = None
         self._scan_handle: asyncio.TimerHandle | None = None
+        self._pending: set[str] | None = set()  # directories that changed since the last scan; None: scan all
         self._sync_handle: asyncio.TimerHandle | None = None
         self._expiry_handle: asyncio.TimerHandle | None = None
         self._safety: asyncio.Task[None] | None = None
@@ -171,20 +172,30 @@ class DevicePlugin:
         kubelet_dirs = (str(self.plugin_dir), str(self.plugin_dir.parent))
         if mask & IN_Q_OVERFLOW or directory in kubelet_dirs:
             self._schedule_sync()
-        if mask & IN_Q_OVERFLOW or directory not in kubelet_dirs:
-            self._schedule_scan()
+        if mask & IN_Q_OVERFLOW:
+            self._schedule_scan(None)
+        elif directory not in kubelet_dirs:
+            self._schedule_scan(directory)
 
     def _on_uevent(self, action: str, fields: dict[str, str]) -> None:
         if action == "overflow" or fields.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
-            self._schedule_scan()
+            self._schedule_scan(None)
 
-    def _schedule_scan(self) -> None:
+    def _schedule_scan(self, directory: str | None) -> None:
+        """Re-scan after :data:`DEBOUNCE` the resources watching ``directory`` (every resource for None)."""
+        if directory is None:
+            self._pending = None
+        elif self._pending is not None:
+            self._pending.add(directory)
         if self._scan_handle is None:
             self._scan_handle = asyncio.get_running_loop().call_later(DEBOUNCE, self._scan)
 
     def _scan(self) -> None:
         self._scan_handle = None
+        pending, self._pending = self._pending, set()
         for r in list(self.resources.values()):
+            if pending is not None and not (r.watch_dirs & pending):
+                continue
             try:
                 r.rescan()
             except Exception:
@@ -230,6 +241,7 @@ class DevicePlugin:
     async def _safety_loop(self) -> None:
         while True:
             await asyncio.sleep(self.section.rescan_seconds)
+            self._pending = None
             self._scan()
             self._schedule_sync()
 
