@@ -6,7 +6,9 @@ entry point as ``nodeplug`` (a wrapper executing the repo's ``.venv/bin/nodeplug
 storage (vfs) lives in the temp dir too, and the container runs from a busybox root filesystem directory. podman runs
 with its network namespace set to a test netns (``nsenter --net``; ``ip netns exec`` would remount /sys and hide the
 cgroup mounts runc needs), so the bridge, the veths and the forwarding sysctl never touch the root netns. The agent is
-not running (the config's ``socket`` names a path that does not exist), so the entry point works standalone.
+not running in the first tests (nothing serves the config's ``socket``), so the entry point works standalone; the
+last one starts ``nodeplug agent`` (CNI plugin only, under a temp ``--root``, in the same test netns) and checks that
+the agent did the work.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,6 +54,8 @@ class Podman:
         self.ipam_dir = tmp / "ipam"
         self.rootfs = tmp / "rootfs"
         self.store = store  # podman wants a runroot path of at most 50 characters
+        self.agent_root = tmp / "agent-root"
+        self.agent_socket = self.agent_root / "run" / "nodeplug" / "cni.sock"
         self._write_config()
         self._write_rootfs()
 
@@ -88,7 +93,7 @@ class Podman:
                     "bridge": BRIDGE,
                     "isGateway": True,
                     "isDefaultGateway": True,
-                    "socket": str(self.tmp / "no-agent" / "cni.sock"),
+                    "socket": str(self.agent_socket),
                     "ipam": {
                         "type": "nodeplug",
                         "ranges": [[{"subnet": SUBNET4}], [{"subnet": SUBNET6}]],
@@ -222,3 +227,52 @@ def test_removing_the_container_frees_the_lease(podman: Podman) -> None:
         ["ip", "-n", podman.host_netns, "-j", "link", "show", "master", BRIDGE], capture_output=True, text=True
     ).stdout
     assert json.loads(ports_after or "[]") == []
+
+
+@pytest.fixture
+def agent(podman: Podman) -> Iterator[Path]:
+    """``nodeplug agent`` with only the CNI plugin, in the podman host netns; yields its log file."""
+    nodeplug = REPO / ".venv" / "bin" / "nodeplug"
+    if not nodeplug.exists():
+        pytest.skip(f"the agent CLI is not installed in the venv ({nodeplug}): run scripts/setup")
+    config = podman.tmp / "agent.yaml"
+    config.write_text(
+        "http: {address: '127.0.0.1:0'}\ndeviceplugin: {enabled: false}\ncsi: {enabled: false}\ncni: {enabled: true}\n"
+    )
+    log_path = podman.tmp / "agent.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{podman.host_netns}", str(nodeplug), "agent", "--config", str(config),
+             "--root", str(podman.agent_root)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not podman.agent_socket.exists():
+                assert proc.poll() is None, f"the agent exited: {log_path.read_text()[-2000:]}"
+                assert time.monotonic() < deadline, (
+                    f"the agent did not serve its socket: {log_path.read_text()[-2000:]}"
+                )
+                time.sleep(0.05)
+            yield log_path
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_thick_mode_the_agent_does_the_work(podman: Podman, agent: Path) -> None:
+    cid = podman.run(
+        "run", "-d", "--network", NETWORK, "--rootfs", str(podman.rootfs), "/bin/sleep", "300"
+    ).strip()  # fmt: skip
+    assert len(podman.leases()) == 2
+    out = podman.run("exec", cid, "/bin/sh", "-c", f"ping -c 1 -W 2 {GW4} && ping -c 1 -W 2 {GW6}")
+    assert out.count("1 packets received") == 2, out
+    podman.run("rm", "-f", "-t", "0", cid)
+    assert podman.leases() == []
+    served = [line for line in agent.read_text().splitlines() if "CNI request done" in line and cid in line]
+    assert any("command=ADD" in line for line in served), agent.read_text()[-2000:]
+    assert any("command=DEL" in line for line in served), agent.read_text()[-2000:]
