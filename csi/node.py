@@ -3,7 +3,8 @@
 Shape of every mutating RPC: validate the request (a missing or bad field is INVALID_ARGUMENT naming it; paths must be
 absolute, free of ``..`` and, symlinks resolved, inside kubelet's directory), look the volume up (NOT_FOUND), take the
 volume's operation lock (a second operation in flight is ABORTED), then do the host work in a worker thread
-(``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs.
+(``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs. NodeGetVolumeStats and
+NodeExpandVolume only compare their path with the records, so any other path is NOT_FOUND (:func:`lookup_path`).
 
 Host truth over records. Whether something is mounted is read from ``/proc/self/mountinfo`` and which loop device
 backs a file from the kernel (:mod:`csi.loopdev`), so every step is idempotent and re-runnable: after a reboot the
@@ -67,6 +68,20 @@ def checked_path(field: str, value: str, kubelet_dir: Path, required: bool = Tru
     if resolved == base or base not in resolved.parents:
         raise InvalidArgument(f"{field}: expected a path inside {base} (after resolving symlinks), got {value[:256]!r}")
     return resolved
+
+
+def lookup_path(field: str, value: str) -> Path:
+    """A path only compared with the driver's records (stats, expand): required, resolved when absolute.
+
+    These RPCs never act on the path they are given, only on paths recorded when the volume was staged or published
+    (which passed :func:`checked_path`), so a path outside kubelet's directory or a relative one is simply not where
+    the volume is: NOT_FOUND, as the spec's tables say, rather than INVALID_ARGUMENT.
+    """
+    if not value:
+        raise InvalidArgument(f"{field}: required field is missing")
+    if "\0" in value:
+        raise InvalidArgument(f"{field}: must not contain NUL")
+    return Path(os.path.realpath(value)) if value.startswith("/") else Path(value)
 
 
 def checked_flags(flags: Any) -> tuple[str, ...]:
@@ -199,8 +214,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeGetVolumeStats(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        path = self._path("volume_path", request.volume_path)
-        assert path is not None
+        path = lookup_path("volume_path", request.volume_path)
         stats = await asyncio.to_thread(self.host.stats, volume_id, path)
         Unit = csi_pb2.VolumeUsage
         usage = []
@@ -222,9 +236,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        path = self._path("volume_path", request.volume_path)
-        assert path is not None
-        self._path("staging_target_path", request.staging_target_path, required=False)
+        path = lookup_path("volume_path", request.volume_path)
         kind, _, _, _ = capability(request, required=False)
         required = request.capacity_range.required_bytes if request.HasField("capacity_range") else 0
         limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0

@@ -123,6 +123,12 @@ NOT_FOUND: list[tuple[str, Req]] = [
         volume_id=v, volume_path=str(d.target(v, pod="elsewhere")))),
     ("NodeExpandVolume", lambda d, v: csi_pb2.NodeExpandVolumeRequest(
         volume_id=v, volume_path=str(d.target(v, pod="elsewhere")))),
+    # stats and expansion only compare the path with their records: outside kubelet's dir it is just not there
+    ("NodeGetVolumeStats", lambda d, v: csi_pb2.NodeGetVolumeStatsRequest(
+        volume_id=v, volume_path="/path/does/not/exist")),
+    ("NodeGetVolumeStats", lambda d, v: csi_pb2.NodeGetVolumeStatsRequest(
+        volume_id=UNKNOWN_ID, volume_path="some/path")),
+    ("NodeExpandVolume", lambda d, v: csi_pb2.NodeExpandVolumeRequest(volume_id=v, volume_path="/etc")),
 ]  # fmt: skip
 
 
