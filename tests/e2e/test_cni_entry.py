@@ -1,0 +1,204 @@
+"""The ``nodeplug`` entry point exec'd as a runtime does, against the whole agent (thick mode) and without it.
+
+The agent (``nodeplug agent`` with only the cni plugin enabled) and every entry-point run live in a test "host" netns
+through ``ip netns exec``, so the bridge they make is removed with it; pods are further netns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
+
+ENTRY = str(Path(sys.executable).parent / "nodeplug-cni")
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Agent:
+    def __init__(self, host: str, tmp: Path) -> None:
+        self.host, self.tmp = host, tmp
+        self.root = tmp / "root"
+        self.root.mkdir(exist_ok=True)
+        self.sock = self.root / "run/nodeplug/cni.sock"
+        self.log = tmp / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def agent_argv(self) -> list[str]:
+        return ["ip", "netns", "exec", self.host, sys.executable, "-m", "nodeplug.cli", "agent"]
+
+    def start(self) -> None:
+        cfg = self.tmp / "agent.yaml"
+        cfg.write_text(
+            f"http:\n  address: 127.0.0.1:{free_port()}\nshutdown_grace_seconds: 2\n"
+            "deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\ncni:\n  workers: 4\n"
+        )
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [*self.agent_argv, "--config", str(cfg), "--root", str(self.root)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while not self.sock.is_socket():
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, f"no {self.sock}:\n{self.log.read_text()}"
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        self.proc = None
+
+    def served(self, container_id: str) -> bool:
+        return f"container_id={container_id}" in self.log.read_text()
+
+
+@pytest.fixture
+def host(netns: Callable[[], str]) -> str:
+    return netns()
+
+
+@pytest.fixture
+def agent(host: str, tmp_path: Path) -> Iterator[Agent]:
+    a = Agent(host, tmp_path)
+    try:
+        yield a
+    finally:
+        a.stop(signal.SIGKILL)
+
+
+def netconf(tmp: Path, sock: Path) -> dict[str, Any]:
+    return {
+        "cniVersion": "1.1.0",
+        "name": "e2enet",
+        "type": "nodeplug",
+        "bridge": "npe2e0",
+        "isDefaultGateway": True,
+        "socket": str(sock),
+        "ipam": {"type": "nodeplug", "ranges": [[{"subnet": "10.94.0.0/24"}]], "dataDir": str(tmp / "ipam")},
+    }
+
+
+def run(host: str, command: str, conf: dict[str, Any], cid: str, netns: str = "", pre: tuple[str, ...] = ()) -> Any:
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": "eth0"}
+    env["CNI_PATH"] = "/usr/lib/cni"
+    if netns:
+        env["CNI_NETNS"] = netns
+    p = subprocess.run(
+        ["ip", "netns", "exec", host, *pre, ENTRY],
+        input=json.dumps(conf).encode(),
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    out = json.loads(p.stdout) if p.stdout.strip() else None
+    return p.returncode, out, p.stderr.decode()
+
+
+def leases(tmp: Path) -> list[tuple[str, str]]:
+    db = tmp / "ipam" / "e2enet.db"
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as c:
+        return sorted(c.execute("SELECT container_id, ip FROM leases").fetchall())
+
+
+def test_thick_mode_add_check_del_through_the_agent(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    agent.start()
+    conf = netconf(tmp_path, agent.sock)
+    pod = f"/run/netns/{netns()}"
+    code, res, err = run(host, "ADD", conf, "thick1", pod)
+    assert code == 0, (res, err)
+    assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
+    assert agent.served("thick1")
+    sh("ip", "netns", "exec", os.path.basename(pod), "ping", "-c", "1", "-W", "2", "10.94.0.1")
+    assert run(host, "CHECK", {**conf, "prevResult": res}, "thick1", pod)[:2] == (0, None)
+    assert run(host, "STATUS", conf, "")[:2] == (0, None)
+    assert run(host, "DEL", {**conf, "prevResult": res}, "thick1", pod)[:2] == (0, None)
+    assert leases(tmp_path) == []
+    # a malformed request is answered by the agent with the spec's error JSON
+    code, res, _ = run(host, "ADD", {**conf, "mtu": "abc"}, "thick2", pod)
+    assert code == 1 and res["code"] == 7 and res["details"].startswith("mtu:")
+
+
+def test_thick_mode_add_imports_no_netlink_in_the_entry_point(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    agent.start()
+    pod = f"/run/netns/{netns()}"
+    code, res, err = run(
+        host, "ADD", netconf(tmp_path, agent.sock), "imp1", pod, pre=(sys.executable, "-X", "importtime")
+    )
+    assert code == 0, res
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+    assert "cni.thick" in imported
+    assert not {"pyroute2", "grpc", "pydantic", "cni.dataplane", "cni.commands"} & imported
+
+
+def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    agent.start()
+    conf = netconf(tmp_path, agent.sock)
+    pod = f"/run/netns/{netns()}"
+    code, res, _ = run(host, "ADD", conf, "orphan", pod)
+    assert code == 0 and leases(tmp_path) == [("orphan", "10.94.0.2")]
+    agent.stop(signal.SIGKILL)  # the socket file stays behind, nobody listens
+    assert agent.sock.exists()
+    code, out, err = run(host, "DEL", conf, "orphan", pod)  # no prevResult either
+    assert (code, out) == (0, None), err
+    assert leases(tmp_path) == []
+    assert res["interfaces"][1]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
+
+
+def test_standalone_add_then_thick_del_share_the_store(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    conf = netconf(tmp_path, agent.sock)
+    pods = [f"/run/netns/{netns()}" for _ in range(2)]
+    code, first, _ = run(host, "ADD", conf, "s1", pods[0])  # no agent yet: standalone
+    assert code == 0
+    agent.start()
+    code, second, _ = run(host, "ADD", conf, "s2", pods[1])
+    assert code == 0 and agent.served("s2") and not agent.served("s1")
+    assert first["ips"][0]["address"] != second["ips"][0]["address"]
+    for cid, pod in (("s1", pods[0]), ("s2", pods[1])):
+        assert run(host, "DEL", conf, cid, pod)[:2] == (0, None)
+    assert leases(tmp_path) == []
+
+
+def test_version_without_agent_and_without_stdin(host: str) -> None:
+    p = subprocess.run([ENTRY], input=b"", capture_output=True, env={"CNI_COMMAND": "VERSION"}, timeout=30, check=False)
+    assert p.returncode == 0
+    assert json.loads(p.stdout)["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+    p = subprocess.run([ENTRY], input=b"{}", capture_output=True, env={}, timeout=30, check=False)
+    assert p.returncode == 1 and json.loads(p.stdout)["code"] == 4
