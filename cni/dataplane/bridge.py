@@ -71,7 +71,7 @@ def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
     if conf.vlan:
         _ensure_vlan_filtering(ipr, name, index, msg)
     if conf.is_gateway:
-        gateways = _gateways(ips)
+        gateways = gateway_addresses(ips)
         if gateways:
             current = addresses(ipr, index)
             for gw in gateways:
@@ -79,7 +79,7 @@ def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
     return index, Interface(name=name, mac=str(msg.get("IFLA_ADDRESS") or ""))
 
 
-def _gateways(ips: Sequence[IPConfig]) -> list[IPIface]:
+def gateway_addresses(ips: Sequence[IPConfig]) -> list[IPIface]:
     """One gateway per family (the first IPConfig of the family that names one), with that address's prefix."""
     out: dict[int, IPIface] = {}
     for ip in ips:

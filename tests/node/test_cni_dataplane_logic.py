@@ -1,0 +1,101 @@
+"""The dataplane's pure parts (no kernel objects, no root): names and marks, nft scripts, route arguments, gateways."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from cni.dataplane import masq, names
+from cni.dataplane.addrs import route_args
+from cni.dataplane.bridge import gateway_addresses
+from cni.dataplane.nl import IFA_F_NODAD, RT_SCOPE_LINK, addr_args, random_mac
+from cni.types import IPConfig, Route
+
+
+def test_host_veth_name_is_deterministic_short_and_distinct() -> None:
+    a = names.host_veth_name("abc", "eth0")
+    assert a == names.host_veth_name("abc", "eth0") and len(a) == 12 and a.startswith("veth")
+    assert a != names.host_veth_name("abc", "eth1") and a != names.host_veth_name("abd", "eth0")
+    # the separator keeps ("ab", "ceth0") apart from ("abc", "eth0")
+    assert names.host_veth_name("ab", "ceth0") != a
+
+
+def test_alias_and_rule_comment_carry_network_and_attachment() -> None:
+    assert names.alias("net1", "cid", "eth0") == "nodeplug net1 eth0 cid"
+    assert names.alias("net1", "cid", "eth0").startswith(names.alias_network_prefix("net1"))
+    assert not names.alias("net10", "cid", "eth0").startswith(names.alias_network_prefix("net1"))
+    comment = names.rule_comment("net1", "veth01234567", "cid")
+    assert comment == "nodeplug veth01234567 net1 cid"
+    assert names.parse_rule_comment(comment) == ("veth01234567", "net1")
+    assert names.parse_rule_comment("somebody else's rule") is None
+
+
+def test_long_names_are_hashed_and_comments_fit_nft() -> None:
+    long_net = "n" * 100
+    key = names.netkey(long_net)
+    assert key.startswith("#") and len(key) == 13 and key == names.netkey(long_net)
+    comment = names.rule_comment(long_net, "veth01234567", "c" * 200)
+    assert len(comment) <= 127 and names.parse_rule_comment(comment) == ("veth01234567", key)
+    assert len(names.alias(long_net, "c" * 400, "eth0")) <= 255
+
+
+def test_rule_comment_cannot_break_out_of_nft_quotes() -> None:
+    comment = names.rule_comment("net", "veth01234567", 'evil"; flush ruleset; "')
+    assert '"' not in comment and ";" not in comment
+
+
+def test_masquerade_script() -> None:
+    addrs = [ipaddress.ip_interface("10.1.2.3/16"), ipaddress.ip_interface("fd00::3/64")]
+    script = masq.rules_script("nodeplug vethX net c", addrs)
+    assert script.splitlines() == [
+        "add rule inet nodeplug postrouting ip saddr 10.1.2.3 ip daddr != 10.1.0.0/16 ip daddr != 224.0.0.0/4 "
+        'masquerade comment "nodeplug vethX net c"',
+        "add rule inet nodeplug postrouting ip6 saddr fd00::3 ip6 daddr != fd00::/64 ip6 daddr != ff00::/8 "
+        'masquerade comment "nodeplug vethX net c"',
+    ]
+    declared = masq.rules_script("c", addrs[:1], declare=True)
+    assert declared.startswith(
+        "table inet nodeplug {\n  chain postrouting { type nat hook postrouting priority srcnat;"
+    )
+
+
+def test_route_args() -> None:
+    gw = Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.0.0.1"), mtu=1400, priority=5)
+    assert route_args(gw, 7) == {
+        "dst": "0.0.0.0/0",
+        "oif": 7,
+        "gateway": "10.0.0.1",
+        "priority": 5,
+        "metrics": {"mtu": 1400},
+    }
+    link = Route(ipaddress.ip_network("10.9.0.0/16"), table=100)
+    assert route_args(link, 7) == {"dst": "10.9.0.0/16", "oif": 7, "scope": RT_SCOPE_LINK, "table": 100}
+
+
+def test_address_args() -> None:
+    assert addr_args(ipaddress.ip_interface("10.0.0.5/24")) == {
+        "address": "10.0.0.5",
+        "prefixlen": 24,
+        "broadcast": "10.0.0.255",
+    }
+    assert addr_args(ipaddress.ip_interface("10.0.0.5/31")) == {"address": "10.0.0.5", "prefixlen": 31}
+    assert addr_args(ipaddress.ip_interface("fd00::5/64")) == {
+        "address": "fd00::5",
+        "prefixlen": 64,
+        "flags": IFA_F_NODAD,
+    }
+
+
+def test_one_gateway_per_family_with_the_address_prefix() -> None:
+    ips = [
+        IPConfig(ipaddress.ip_interface("10.0.0.5/24"), ipaddress.ip_address("10.0.0.1")),
+        IPConfig(ipaddress.ip_interface("10.1.0.5/16"), ipaddress.ip_address("10.1.0.1")),
+        IPConfig(ipaddress.ip_interface("fd00::5/64")),
+        IPConfig(ipaddress.ip_interface("fd01::5/64"), ipaddress.ip_address("fd01::1")),
+    ]
+    assert gateway_addresses(ips) == [ipaddress.ip_interface("10.0.0.1/24"), ipaddress.ip_interface("fd01::1/64")]
+
+
+def test_random_mac_is_local_unicast() -> None:
+    for _ in range(50):
+        first = int(random_mac().split(":")[0], 16)
+        assert first & 0x02 and not first & 0x01
