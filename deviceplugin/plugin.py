@@ -3,7 +3,8 @@
 Change detection, no polling:
 
 - inotify on every directory a resource's devices may appear in (from :func:`discovery.watch_dirs`, recomputed after
-  each scan) and kernel uevents for sysfs hotplug; a burst of events becomes one re-scan after :data:`DEBOUNCE`;
+  each scan): only the resources watching a changed directory are scanned again; kernel uevents (sysfs hotplug, which
+  inotify cannot see) re-scan the PCI/USB resources; a burst of events becomes one re-scan after :data:`DEBOUNCE`;
 - inotify on the device-plugins directory (and its parent, in case the directory itself is removed and made again):
   any change there runs :meth:`ResourceRuntime.sync` for every resource at once, which re-serves a resource whose
   socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
@@ -30,7 +31,7 @@ from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext, Readiness
 
 DEBOUNCE = 0.01
-UEVENT_SUBSYSTEMS = frozenset({"pci", "usb", "tty", "usbmisc", "vfio", "misc", "block", "drm", "net", "sound"})
+UEVENT = "<uevent>"  # pending marker: a kernel uevent, re-scan the resources that read sysfs
 
 
 class DevicePlugin:
@@ -178,8 +179,8 @@ class DevicePlugin:
             self._schedule_scan(directory)
 
     def _on_uevent(self, action: str, fields: dict[str, str]) -> None:
-        if action == "overflow" or fields.get("SUBSYSTEM") in UEVENT_SUBSYSTEMS:
-            self._schedule_scan(None)
+        if action in ("add", "remove", "bind", "unbind", "change", "move", "overflow"):
+            self._schedule_scan(UEVENT)
 
     def _schedule_scan(self, directory: str | None) -> None:
         """Re-scan after :data:`DEBOUNCE` the resources watching ``directory`` (every resource for None)."""
@@ -194,7 +195,7 @@ class DevicePlugin:
         self._scan_handle = None
         pending, self._pending = self._pending, set()
         for r in list(self.resources.values()):
-            if pending is not None and not (r.watch_dirs & pending):
+            if pending is not None and not (r.watch_dirs & pending) and not (UEVENT in pending and r.reads_sysfs):
                 continue
             try:
                 r.rescan()

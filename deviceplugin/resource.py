@@ -100,6 +100,11 @@ class ResourceRuntime:
         self.log.info("stopped", removed=removed or None)
 
     @property
+    def reads_sysfs(self) -> bool:
+        """PCI/USB matchers: sysfs hotplug is announced by kernel uevents, not inotify."""
+        return bool(self.res.pci or self.res.usb)
+
+    @property
     def serving(self) -> bool:
         return self._server is not None and identity(self.socket) == self._socket_id
 

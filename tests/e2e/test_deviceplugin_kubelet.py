@@ -408,8 +408,47 @@ async def test_every_stream_gets_every_change_and_cancelled_streams_end(h: Harne
         assert [d.ID for d in msg.devices] == ["ttyUSB0", "ttyUSB1"]
     for c in calls:
         c.cancel()
-    deadline = time.monotonic() + 2
-    while rt.updates.subscribers != 1 and time.monotonic() < deadline:
+    for _ in range(200):
+        if rt.updates.subscribers == 1:
+            break
         await asyncio.sleep(0.01)
     assert rt.updates.subscribers == 1
     assert 'nodeplug_deviceplugin_streams{resource="serial"} 1.0' in plugin.ctx.metrics.render().decode()
+
+
+async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones(h: Harness) -> None:
+    _pci(h.host, "0000:17:00.0", 0, 10)
+    h.mknod("/dev/vfio/10")
+    h.mknod("/dev/fuse")
+    (h.host / "dev/serial").mkdir()
+    res: list[dict[str, Any]] = [
+        {"name": "hca", "pci": [{"vendor": "15b3"}]},
+        {"name": "fuse", "devices": ["/dev/fuse"]},
+        {"name": "serial", "devices": ["/dev/serial/tty*"]},
+    ]
+    plugin = await h.start(h.config(res))
+    if plugin._uevents is not None:  # the host's own uevents (other work on this machine) would add scans
+        plugin._uevents.close()
+        plugin._uevents = None
+    scans = dict.fromkeys(plugin.resources, 0)
+    for name, rt in plugin.resources.items():
+        original = rt.rescan
+
+        def counting(name: str = name, original: Any = original) -> bool:
+            scans[name] += 1
+            return bool(original())
+
+        rt.rescan = counting  # type: ignore[method-assign]
+
+    async def settle() -> dict[str, int]:
+        await asyncio.sleep(0.1)
+        out = dict(scans)
+        scans.update(dict.fromkeys(scans, 0))
+        return out
+
+    plugin._on_uevent("add", {"SUBSYSTEM": "pci", "DEVPATH": "/devices/pci0000:00/0000:17:00.0"})
+    assert await settle() == {"hca": 1, "fuse": 0, "serial": 0}
+    h.mknod("/dev/serial/tty0")
+    assert await settle() == {"hca": 0, "fuse": 0, "serial": 1}
+    h.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
+    assert await settle() == {"hca": 0, "fuse": 1, "serial": 0}
