@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,4 +236,31 @@ def fs_problem(entry: MountEntry, expect_rw: bool = True, sys_fs: Path = SYS_FS)
         if e.errno == errno.EIO:
             return f"{entry.fs_type} on {entry.source} returns I/O errors (filesystem shut down)"
         return f"cannot stat the filesystem at {entry.mount_point}: {e.strerror}"
+    return None
+
+
+def fs_size(device: str | Path, fs_type: str) -> int | None:
+    """Bytes the ext4 or xfs filesystem on ``device`` spans, read from its superblock; None when unknown.
+
+    Used to notice a volume that was grown while it was not staged (device larger than its filesystem).
+    """
+    try:
+        with open(device, "rb") as f:
+            if fs_type == "ext4":
+                f.seek(1024)
+                sb = f.read(1024)
+                if len(sb) < 0x154 or struct.unpack_from("<H", sb, 0x38)[0] != 0xEF53:
+                    return None
+                lo, log_block = struct.unpack_from("<I", sb, 4)[0], struct.unpack_from("<I", sb, 24)[0]
+                incompat = struct.unpack_from("<I", sb, 0x60)[0]
+                hi = struct.unpack_from("<I", sb, 0x150)[0] if incompat & 0x80 else 0  # INCOMPAT_64BIT
+                return int((lo | hi << 32) * (1024 << log_block))
+            if fs_type == "xfs":
+                sb = f.read(16)
+                if len(sb) < 16 or sb[:4] != b"XFSB":
+                    return None
+                block, dblocks = struct.unpack_from(">IQ", sb, 4)
+                return int(block * dblocks)
+    except OSError:
+        return None
     return None

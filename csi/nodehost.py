@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from csi import loopdev, mounts
+from csi.backends import fileops
 from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from csi.model import PublishRecord, StageRecord, Volume, validate_id
 from csi.volumes import CapacityRange, VolumeManager
@@ -190,12 +191,22 @@ class NodeHost:
                     _run(["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device], f"formatting {v.volume_id}")
                 elif found != fs:
                     raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
+                grown = self._grown_while_unstaged(device, fs)
+                if grown and fs == "ext4":  # offline growth needs no CAP_SYS_RESOURCE, unlike the online ioctl
+                    fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
                 mounts.mount(device, spec.staging, fs, spec.flags)
+                if grown and fs == "xfs":  # xfs grows only while mounted
+                    _run(["xfs_growfs", str(spec.staging)], f"growing xfs of {v.volume_id}")
 
             self._mount_once(spec, do_mount, v)
         if rec != StageRecord(v.volume_id, str(spec.staging), device):
             self.store.put_stage(StageRecord(v.volume_id, str(spec.staging), device))
         self.log.info("staged", volume_id=v.volume_id, staging=str(spec.staging), device=device or None)
+
+    def _grown_while_unstaged(self, device: str, fs: str) -> bool:
+        """True when the device is larger than its filesystem (ControllerExpandVolume ran while unstaged)."""
+        have = mounts.fs_size(device, fs)
+        return have is not None and mounts.block_size(device) - have >= 1 << 20
 
     def _mount_once(self, spec: StageSpec, do_mount: Callable[[], None], v: Volume) -> None:
         entry = mounts.find_mount(spec.staging)

@@ -332,3 +332,31 @@ async def test_many_volumes_at_once() -> None:
 
         await asyncio.gather(*(down(v, t) for v, t in published))
         assert d.mounts_under_root() == [] and d.loops_under_root() == []
+
+
+@pytest.mark.parametrize(("fs", "size"), [("ext4", 64 * MiB), ("xfs", 320 * MiB)])
+async def test_expansion_while_unstaged_is_finished_by_stage(fs: str, size: int) -> None:
+    """csi-sanity's order: ControllerExpandVolume first, then stage and publish, then NodeExpandVolume."""
+    async with running_driver() as d:
+        vid = (await d.create("pvc-offline", size, fs=fs)).volume_id
+        staging = await d.stage(vid, fs=fs)
+        write(staging / "data", b"before growth")
+        await d.unstage(vid)
+        await d.controller.ControllerExpandVolume(
+            csi_pb2.ControllerExpandVolumeRequest(
+                volume_id=vid, capacity_range=csi_pb2.CapacityRange(required_bytes=2 * size)
+            )
+        )
+        await d.stage(vid, fs=fs)  # finds the device larger than its filesystem and grows it
+        target = await d.publish(vid, fs=fs)
+        assert (await d.stats(vid, target)).usage[0].total > size * 1.3
+        resp = await d.node.NodeExpandVolume(
+            csi_pb2.NodeExpandVolumeRequest(
+                volume_id=vid, volume_path=str(target), capacity_range=csi_pb2.CapacityRange(required_bytes=2 * size)
+            )
+        )
+        assert resp.capacity_bytes == 2 * size
+        assert (target / "data").read_bytes() == b"before growth"
+        await d.unpublish(vid, target)
+        await d.unstage(vid)
+        await d.delete(vid)
