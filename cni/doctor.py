@@ -1,0 +1,149 @@
+"""``nodeplug doctor`` checks for the CNI plugin.
+
+- the entry point installed in the CNI bin dir answers VERSION (and how long it takes);
+- when the agent serves its CNI socket: STATUS on a throw-away network, then a real attachment acting as the runtime
+  (ADD into a temporary netns, ping the gateway from it, DEL) and the lease freed afterwards. The throw-away network
+  uses the ``doctor_bridge`` and ``doctor_subnet`` of the config and its own IPAM data directory
+  (``/var/lib/nodeplug/doctor-ipam``); the netns, the bridge and the lease are removed whatever happens. Without
+  the agent these are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from cni import thick
+from cni.config import Config
+from nodeplug.checks import Check, CheckFailed, CheckSkipped
+from nodeplug.commands import CommandError, arun
+from nodeplug.paths import CNI_BIN_DIR, STATE_DIR
+from nodeplug.plugin import AgentContext
+
+NETWORK = "nodeplug-doctor"
+
+
+def _netconf(section: Config, sock: Path, data_dir: str) -> dict[str, Any]:
+    return {
+        "cniVersion": "1.1.0",
+        "name": NETWORK,
+        "type": "nodeplug",
+        "bridge": section.doctor_bridge,
+        "isGateway": True,
+        "socket": str(sock),
+        "ipam": {"type": "nodeplug", "ranges": [[{"subnet": section.doctor_subnet}]], "dataDir": data_dir},
+    }
+
+
+async def _call(sock: Path, env: dict[str, str], conf: dict[str, Any]) -> Any:
+    try:
+        answer = await asyncio.to_thread(thick.call, str(sock), env, json.dumps(conf))
+    except thick.AgentLost as e:
+        raise CheckFailed(str(e)) from None
+    if answer is None:
+        raise CheckFailed(f"{sock} exists but the agent does not answer: is it running and healthy?")
+    code, out = answer
+    if code != 0:
+        raise CheckFailed(f"{env['CNI_COMMAND']} failed: {out}")
+    return json.loads(out) if out else None
+
+
+def checks(section: Config, ctx: AgentContext) -> list[Check]:
+    sock = ctx.root(section.socket)
+
+    async def entry_version() -> str:
+        exe = ctx.root(CNI_BIN_DIR) / "nodeplug"
+        if not exe.exists():
+            raise CheckSkipped(f"{exe} is not installed (run nodeplug install-cni)")
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            str(exe),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={"CNI_COMMAND": "VERSION"},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(b'{"cniVersion": "1.1.0"}'), 10)
+        ms = (time.monotonic() - t0) * 1000
+        if proc.returncode != 0:
+            raise CheckFailed(f"{exe} VERSION exited {proc.returncode}: {err.decode(errors='replace')[:300]}")
+        versions = json.loads(out).get("supportedVersions", [])
+        return f"{exe} speaks {', '.join(versions)} ({ms:.0f} ms)"
+
+    async def status() -> str:
+        if not sock.is_socket():
+            raise CheckSkipped(f"the agent is not serving {sock}")
+        data_dir = str(ctx.root(STATE_DIR) / "doctor-ipam")
+        await _call(
+            sock, {"CNI_COMMAND": "STATUS", "CNI_PATH": str(ctx.root(CNI_BIN_DIR))}, _netconf(section, sock, data_dir)
+        )
+        return "the agent can service ADD"
+
+    async def attach() -> str:
+        if not sock.is_socket():
+            raise CheckSkipped(f"the agent is not serving {sock}")
+        if await _bridge_exists(section.doctor_bridge):
+            raise CheckFailed(f"bridge {section.doctor_bridge} already exists: set cni.doctor_bridge to an unused name")
+        ns = "npdoctor-" + secrets.token_hex(4)
+        data_dir = str(ctx.root(STATE_DIR) / "doctor-ipam")  # one place, so the agent keeps one store open for it
+        conf = _netconf(section, sock, data_dir)
+        cid = "nodeplug-doctor-" + secrets.token_hex(4)
+        env = {
+            "CNI_CONTAINERID": cid,
+            "CNI_NETNS": f"/run/netns/{ns}",
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": str(ctx.root(CNI_BIN_DIR)),
+        }
+        try:
+            await arun(["ip", "netns", "add", ns], timeout=10)
+            t0 = time.monotonic()
+            result = await _call(sock, {**env, "CNI_COMMAND": "ADD"}, conf)
+            add_ms = (time.monotonic() - t0) * 1000
+            address = result["ips"][0]["address"]
+            gateway = result["ips"][0]["gateway"]
+            try:
+                await arun(["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", gateway], timeout=10)
+            except CommandError as e:
+                raise CheckFailed(f"pod address {address} cannot reach its gateway {gateway}: {e}") from None
+            await _call(sock, {**env, "CNI_COMMAND": "DEL"}, {**conf, "prevResult": result})
+            left = _leases(Path(data_dir))
+            if left:
+                raise CheckFailed(f"DEL left leases behind: {left}")
+            return f"ADD {address} ({add_ms:.0f} ms), ping {gateway}, DEL, lease freed"
+        finally:
+            with contextlib.suppress(Exception):
+                await _call(sock, {**env, "CNI_COMMAND": "DEL"}, conf)
+            with contextlib.suppress(CommandError):
+                await arun(["ip", "netns", "delete", ns], timeout=10)
+            with contextlib.suppress(CommandError):
+                await arun(["ip", "link", "delete", section.doctor_bridge], timeout=10)
+
+    return [
+        Check("cni", "entry point VERSION", entry_version),
+        Check("cni", "STATUS via the agent", status),
+        Check("cni", f"ADD/ping/DEL on {ipaddress.ip_network(section.doctor_subnet)} via the agent", attach),
+    ]
+
+
+async def _bridge_exists(name: str) -> bool:
+    try:
+        await arun(["ip", "link", "show", "dev", name], timeout=10)
+    except CommandError:
+        return False
+    return True
+
+
+def _leases(data_dir: Path) -> list[str]:
+    import sqlite3
+
+    db = data_dir / f"{NETWORK}.db"
+    if not db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return [f"{cid} {ip}" for cid, ip in c.execute("SELECT container_id, ip FROM leases")]
