@@ -386,9 +386,12 @@ class NodeHost:
         backend = params.pop("backend", "")
         fs = spec.fs_type or params.pop("fsType", "")
         kind = spec.kind or "mount"
-        v = self.manager.create_volume(
-            spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
-        )
+        try:
+            v = self.manager.create_volume(
+                spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
+            )
+        except InvalidArgument as e:  # for an inline volume the parameters are the volume_context
+            raise InvalidArgument(str(e).replace("parameters.", "volume_context.", 1)) from e
         staging = self.ephemeral_dir / validate_id("volume_id", spec.volume_id)
         try:
             self.stage(StageSpec(v.volume_id, staging, kind, "", ()))

@@ -216,3 +216,16 @@ async def test_identity(d: Driver) -> None:
     assert (await d.identity.Probe(csi_pb2.ProbeRequest())).ready.value is True
     caps = await d.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest())
     assert len(caps.capabilities) == 4
+
+
+async def test_ephemeral_volume_context_errors_name_the_key(d: Driver) -> None:
+    target = d.target("csi-bad", pod="inline")
+    for context, needle in [({"size": "huge"}, "volume_context.size"), ({"colour": "red"}, "volume_context.colour")]:
+        req = csi_pb2.NodePublishVolumeRequest(
+            volume_id="csi-bad",
+            target_path=str(target),
+            volume_capability=cap(),
+            volume_context={"csi.storage.k8s.io/ephemeral": "true", **context},
+        )
+        await expect(d.node.NodePublishVolume(req), grpc.StatusCode.INVALID_ARGUMENT, needle)
+    assert not target.exists() and d.loops_under_root() == []

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from csi.errors import InvalidArgument
-from csi.mounts import MountEntry, fs_problem, parse_mountinfo
+from csi.mounts import MountEntry, fs_problem, fs_size, parse_mountinfo
 from csi.node import capability, checked_flags, checked_path
 from csi.nodehost import loop_devices_of, parse_size
 from nodeplug.api.csi.v1 import csi_pb2
@@ -138,3 +140,17 @@ def test_loop_devices_of_reads_sysfs(tmp_path: Path) -> None:
         (sys_block / name / "ro").write_text(ro + "\n")
     (sys_block / "loop7").mkdir()  # not attached: no loop/ directory
     assert loop_devices_of(backing, sys_block) == [("/dev/loop3", False), ("/dev/loop12", True)]
+
+
+@pytest.mark.skipif(not (shutil.which("mkfs.ext4") and shutil.which("mkfs.xfs")), reason="needs e2fsprogs, xfsprogs")
+def test_fs_size_from_superblock(tmp_path: Path) -> None:
+    ext4, xfs = tmp_path / "e.img", tmp_path / "x.img"
+    for img, size in ((ext4, 64 << 20), (xfs, 320 << 20)):
+        with open(img, "wb") as f:
+            f.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(ext4)], check=True, capture_output=True)
+    subprocess.run(["mkfs.xfs", "-q", "-f", str(xfs)], check=True, capture_output=True)
+    os.truncate(ext4, 128 << 20)  # the file grew, the filesystem did not
+    assert fs_size(ext4, "ext4") == 64 << 20
+    assert fs_size(xfs, "xfs") == 320 << 20
+    assert fs_size(xfs, "ext4") is None and fs_size(tmp_path / "missing", "xfs") is None
