@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -235,3 +236,62 @@ async def test_reload_with_a_changed_section_keeps_serving() -> None:
         async with aio.insecure_channel(f"unix://{d.plugin.socket_path}") as ch:
             info = await csi_pb2_grpc.NodeStub(ch).NodeGetInfo(csi_pb2.NodeGetInfoRequest())
         assert info.node_id == "after"
+
+
+SERVE = """
+import asyncio, sys
+from pathlib import Path
+from csi.config import Config
+from csi.plugin import create
+from nodeplug.paths import Root
+from nodeplug.plugin import AgentContext
+
+async def main():
+    plugin = create(Config(), AgentContext(root=Root(Path(sys.argv[1]))))
+    await plugin.start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def spawn_driver(root: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(root)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def end(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+async def test_kill_9_while_published_then_restart_loses_nothing() -> None:
+    root = Path(tempfile.mkdtemp(prefix="npcsi", dir="/tmp"))
+    d = Driver(root, Config())
+    proc = spawn_driver(root)
+    try:
+        async with aio.insecure_channel(f"unix://{root}/var/lib/kubelet/plugins/{DRIVER}/csi.sock") as ch:
+            d.controller, d.node = csi_pb2_grpc.ControllerStub(ch), csi_pb2_grpc.NodeStub(ch)
+            vid = (await d.create("pvc-kill")).volume_id
+            await d.stage(vid)
+            target = await d.publish(vid)
+            (target / "f").write_bytes(b"durable")
+        end(proc)  # SIGKILL: no stop(), the sockets stay behind
+        proc = spawn_driver(root)  # removes the stale sockets and serves again
+        async with aio.insecure_channel(f"unix://{root}/var/lib/kubelet/plugins/{DRIVER}/csi.sock") as ch:
+            d.controller, d.node = csi_pb2_grpc.ControllerStub(ch), csi_pb2_grpc.NodeStub(ch)
+            await d.stage(vid)  # kubelet's retries find everything as it was
+            await d.publish(vid)
+            assert (target / "f").read_bytes() == b"durable"
+            await d.unpublish(vid, target)
+            await d.unstage(vid)
+            await d.delete(vid)
+            assert d.mounts_under_root() == [] and d.loops_under_root() == []
+    finally:
+        end(proc)
+        d.cleanup_host()
+        shutil.rmtree(root, ignore_errors=True)
