@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from csi.errors import Internal
 from nodeplug.commands import CommandError, run
 
 TIMEOUT = 30.0
+RELEASE_WAIT = 10.0
 
 
 def _losetup(*args: str) -> str:
@@ -53,16 +55,27 @@ def attach(backing: Path, direct_io: bool = False) -> str:
     return dev
 
 
-def detach(device: str) -> None:
-    """Detach ``device``; a device that is already gone is fine."""
+def detach(device: str, wait: float = RELEASE_WAIT) -> None:
+    """Detach ``device`` and wait until the kernel has let go of its backing file; already gone is fine.
+
+    ``losetup -d`` on a device something still holds open (udev probing it, a mount) only marks it for
+    auto-clear and returns at once; waiting here means a caller that detaches and then deletes or re-attaches
+    the backing file sees the device really gone. A device still attached after ``wait`` seconds is INTERNAL.
+    """
     if not device.startswith("/dev/loop"):
         raise Internal(f"refusing to detach {device!r}: not a loop device")
+    backing = backing_file(device)
     try:
         run(["losetup", "-d", device], timeout=TIMEOUT)
     except CommandError as e:
         if "No such device" in e.stderr or "No such file" in e.stderr:
             return
         raise Internal.from_command(e) from e
+    deadline = time.monotonic() + wait
+    while backing is not None and backing_file(device) == backing:
+        if time.monotonic() >= deadline:
+            raise Internal(f"losetup -d {device}: still attached to {backing} after {wait:g}s: it is in use")
+        time.sleep(0.02)
 
 
 def refresh_size(device: str) -> None:
