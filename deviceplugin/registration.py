@@ -22,12 +22,16 @@ API_VERSION = "v1beta1"
 Identity = tuple[int, int, int]
 
 
-def identity(path: Path) -> Identity | None:
+def identity(path: Path, with_ctime: bool = True) -> Identity | None:
+    """Which file is at ``path``: device and inode, and the change time (a re-created file may reuse the inode).
+
+    Our own socket is told apart without the change time, so a chmod on it does not look like a new file.
+    """
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns if with_ctime else 0)
 
 
 def request(res: Resource) -> api_pb2.RegisterRequest:

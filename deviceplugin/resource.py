@@ -59,7 +59,7 @@ class ResourceRuntime:
         self.agent_metrics = agent_metrics
         self.metrics = metrics
         self.log = log.bind(resource=res.resource_name)
-        self.table = DeviceTable(res.replicas, res.forget_after_seconds)
+        self.table = DeviceTable(res.replicas, res.forget_after_seconds, checked=res.health is not None)
         self.updates: Broadcast[api_pb2.ListAndWatchResponse] = Broadcast(api_pb2.ListAndWatchResponse())
         self.watch_dirs: set[str] = set()
         self.registered = False
@@ -67,6 +67,7 @@ class ResourceRuntime:
         self._socket_id: Identity | None = None
         self._kubelet_id: Identity | None = None
         self._kick = asyncio.Event()
+        self._health_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._problems: list[str] = []
         self._cdi_written: str | None = None
@@ -106,7 +107,7 @@ class ResourceRuntime:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None and identity(self.socket) == self._socket_id
+        return self._server is not None and identity(self.socket, with_ctime=False) == self._socket_id
 
     def stats(self) -> ResourceStats:
         healthy = sum(1 for e in self.table.listing if e.healthy)
@@ -123,7 +124,10 @@ class ResourceRuntime:
             for p in found.problems:
                 self.log.warning("discovery", problem=p)
             self._problems = found.problems
+        before = {d.id for d in self.table.devices()}
         changed = self.table.update(found.devices, time.monotonic())
+        if {d.id for d in found.devices} - before:
+            self._health_kick.set()  # check new devices now, not at the next interval
         self.watch_dirs = discovery.watch_dirs(self.res, self.host_root, found.devices)
         self._after_change(changed)
         return changed
@@ -139,11 +143,12 @@ class ResourceRuntime:
             self._write_cdi()
         if changed:
             self.updates.publish(listing_message(self.table.listing))
+            sick = [e.id for e in self.table.listing if not e.healthy]
             self.log.info(
                 "devices changed",
-                healthy=sum(1 for e in self.table.listing if e.healthy),
-                unhealthy=",".join(e.id for e in self.table.listing if not e.healthy) or None,
                 total=len(self.table.listing),
+                unhealthy=len(sick),
+                unhealthy_ids=(",".join(sick[:10]) + (",..." if len(sick) > 10 else "")) or None,
             )
 
     def _write_cdi(self, force: bool = False) -> None:
@@ -169,6 +174,7 @@ class ResourceRuntime:
         spec = self.res.health
         assert spec is not None
         while True:
+            self._health_kick.clear()
             results = await health.check_all(spec, self.table.devices())
             changed = False
             for dev_id, failure in results.items():
@@ -179,7 +185,8 @@ class ResourceRuntime:
                     self.log.info("health", device_id=dev_id, healthy=not after, reason=after or None)
             if changed:
                 self.updates.publish(listing_message(self.table.listing))
-            await asyncio.sleep(spec.interval_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._health_kick.wait(), spec.interval_seconds)
 
     # ------------------------------------------------------------ Allocate support
 
@@ -200,13 +207,13 @@ class ResourceRuntime:
             server.add(api_pb2_grpc.add_DevicePluginServicer_to_server, DevicePluginServicer(self))
             await server.start()
             self._server = server
-            self._socket_id = identity(self.socket)
+            self._socket_id = identity(self.socket, with_ctime=False)
 
     async def sync(self) -> None:
         """Re-serve when our socket is gone or replaced; re-register when kubelet.sock is new or gone."""
         if self.updates.closed:
             return
-        if identity(self.socket) != self._socket_id:
+        if identity(self.socket, with_ctime=False) != self._socket_id:
             self.log.info("socket removed, serving again", socket=str(self.socket))
             self.registered = False
             self._reg_state = ""

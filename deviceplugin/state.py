@@ -8,7 +8,8 @@ A device is unhealthy while any reason holds, and healthy again when none does:
 - ``gone``: its glob node or sysfs entry vanished. It stays listed (so kubelet sees it unhealthy, and the same ID
   becomes healthy again if it comes back) until it has been gone ``forget_after_seconds``; then it leaves the list.
 - ``missing``: discovery found it but some of its device nodes do not exist.
-- ``health``: its health command failed or timed out.
+- ``health``: its health command failed or timed out; with a health command configured, a newly found device
+  counts as unhealthy until its first check has passed (kubelet never gets a device nobody has checked).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from deviceplugin.discovery import Device, natural_key
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+NOT_CHECKED = "health command not run yet"
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,10 @@ def physical_id(replica_id: str) -> str:
 
 
 class DeviceTable:
-    def __init__(self, replicas: int = 1, forget_after: float = 300.0) -> None:
+    def __init__(self, replicas: int = 1, forget_after: float = 300.0, checked: bool = False) -> None:
         self.replicas = replicas
         self.forget_after = forget_after
+        self.checked = checked
         self._devices: dict[str, Device] = {}
         self._gone_since: dict[str, float] = {}
         self._command: dict[str, str] = {}  # physical id -> why its health command failed
@@ -62,6 +65,8 @@ class DeviceTable:
             if dev_id not in found:
                 self._gone_since.setdefault(dev_id, now)
         for dev_id, dev in found.items():
+            if self.checked and dev_id not in self._devices:
+                self._command[dev_id] = NOT_CHECKED
             self._devices[dev_id] = dev
             self._gone_since.pop(dev_id, None)
         self._forget(now)

@@ -188,9 +188,14 @@ async def test_health_command_flips_both_ways_and_times_out(h: Harness) -> None:
 async def test_health_command_timeout_is_unhealthy(h: Harness) -> None:
     h.mknod("/dev/fuse")
     cmd = {"command": ["sleep", "5"], "interval_seconds": 0.05, "timeout_seconds": 0.1}
-    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "health": cmd}]))
+    plugin = await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "health": cmd}]))
     ep = await h.ep("fuse")
-    await ep.wait_listing(lambda listing: health(listing) == {"fuse": "Unhealthy"}, 2)
+    assert ep.latest == [("fuse", "Unhealthy", ())]  # not checked yet: never offered unchecked
+    table = plugin.resources["fuse"].table
+    for _ in range(100):
+        if "timed out" in table.reason("fuse"):
+            break
+        await asyncio.sleep(0.02)
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await ep.stub.Allocate(alloc(["fuse"]))
     assert "timed out after 0.1s" in (e.value.details() or "")

@@ -63,3 +63,13 @@ def test_unchanged_discovery_reports_no_change_but_numa_change_does() -> None:
     assert t.update([dev("a", numa=0)], now=0)
     assert not t.update([dev("a", numa=0)], now=1)
     assert t.update([dev("a", numa=1)], now=2)
+
+
+def test_with_a_health_command_new_devices_wait_for_their_first_check() -> None:
+    t = DeviceTable(checked=True)
+    t.update([dev("a")], now=0)
+    assert view(t) == [("a", "Unhealthy")] and t.reason("a") == "health command not run yet"
+    assert t.set_command_health("a", None)
+    t.update([], now=1)
+    t.update([dev("a")], now=2)  # back after a short absence: its last check still stands
+    assert view(t) == [("a", "Healthy")]
