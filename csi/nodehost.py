@@ -186,12 +186,16 @@ class NodeHost:
             fs = v.fs_type or spec.fs_type or "ext4"
 
             def do_mount() -> None:
-                found = fs_type_of(device)
-                if not found:
-                    _run(["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device], f"formatting {v.volume_id}")
-                elif found != fs:
-                    raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
-                grown = self._grown_while_unstaged(device, fs)
+                have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
+                if have is None:
+                    found = fs_type_of(device)
+                    if not found:
+                        _run(["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device], f"formatting {v.volume_id}")
+                    elif found != fs:
+                        raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
+                    have = mounts.fs_size(device, fs)
+                # a volume expanded while unstaged: its device is larger than its filesystem
+                grown = have is not None and mounts.block_size(device) - have >= 1 << 20
                 if grown and fs == "ext4":  # offline growth needs no CAP_SYS_RESOURCE, unlike the online ioctl
                     fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
                 mounts.mount(device, spec.staging, fs, spec.flags)
@@ -202,11 +206,6 @@ class NodeHost:
         if rec != StageRecord(v.volume_id, str(spec.staging), device):
             self.store.put_stage(StageRecord(v.volume_id, str(spec.staging), device))
         self.log.info("staged", volume_id=v.volume_id, staging=str(spec.staging), device=device or None)
-
-    def _grown_while_unstaged(self, device: str, fs: str) -> bool:
-        """True when the device is larger than its filesystem (ControllerExpandVolume ran while unstaged)."""
-        have = mounts.fs_size(device, fs)
-        return have is not None and mounts.block_size(device) - have >= 1 << 20
 
     def _mount_once(self, spec: StageSpec, do_mount: Callable[[], None], v: Volume) -> None:
         entry = mounts.find_mount(spec.staging)
