@@ -1,11 +1,11 @@
 """``nodeplug doctor`` checks for the device plugin, run in a separate process beside a possibly running agent.
 
-For the node: the host root's ``/dev`` and ``/sys`` are readable, each health/reset command is on PATH, and what
-discovery finds for each resource right now. For a running agent, acting as kubelet does through each resource's
-socket: GetDevicePluginOptions, the first ListAndWatch answer (device count by health), whether kubelet lists the
-resource as allocatable (pod-resources API, when kubelet serves it), and an Allocate round trip for one healthy
-device (Allocate holds no state in this plugin, so the check changes nothing). No socket: the agent is not running,
-and those checks are skipped.
+For the node: the host root's ``/dev`` and ``/sys`` are readable, inotify and kernel uevents work, each health/reset
+command is on PATH, and what discovery finds for each resource right now. For a running agent, acting as kubelet
+does through each resource's socket: GetDevicePluginOptions, the first ListAndWatch answer (device count by health),
+whether kubelet lists the resource as allocatable (pod-resources API, when kubelet serves it), and an Allocate round
+trip for one healthy device (Allocate holds no state in this plugin, so the check changes nothing). No socket: the
+agent is not running, and those checks are skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import grpc
 
 from deviceplugin import discovery
 from deviceplugin.config import Config, Resource
+from deviceplugin.inotify import Inotify
+from deviceplugin.uevent import UeventMonitor
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeplug.api.podresources.v1 import api_pb2 as pr_pb2
 from nodeplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
@@ -30,6 +32,10 @@ TIMEOUT = 5.0
 POD_RESOURCES_SOCKET = KUBELET_DIR + "/pod-resources/kubelet.sock"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _host_root(section: Config) -> Callable[[], Awaitable[str]]:
     async def run() -> str:
         for sub in ("dev", "sys"):
@@ -37,6 +43,23 @@ def _host_root(section: Config) -> Callable[[], Awaitable[str]]:
             if not os.access(p, os.R_OK | os.X_OK):
                 raise CheckFailed(f"{p} is not readable: mount the host's /{sub} there or set deviceplugin.host_root")
         return f"{section.host_root} has dev and sys"
+
+    return run
+
+
+def _change_detection() -> Callable[[], Awaitable[str]]:
+    async def run() -> str:
+        try:
+            Inotify(lambda *_: None).close()
+        except OSError as e:
+            raise CheckFailed(
+                f"inotify is not available ({e}): device hotplug would only be seen by the re-scan"
+            ) from None
+        try:
+            UeventMonitor(lambda *_: None).close()
+        except OSError as e:
+            return f"inotify ok; no kernel uevents ({e.strerror}): PCI/USB hotplug is seen by the safety re-scan"
+        return "inotify and kernel uevents"
 
     return run
 
@@ -60,7 +83,7 @@ def _discovered(section: Config, res: Resource) -> Callable[[], Awaitable[str]]:
     async def run() -> str:
         found = discovery.discover(res, section.host_root)
         missing = [d for d in found.devices if d.missing]
-        detail = f"{len(found.devices)} devices" + (f" x {res.replicas} replicas" if res.replicas > 1 else "")
+        detail = _count(len(found.devices), "device") + (f" x {res.replicas} replicas" if res.replicas > 1 else "")
         if found.problems:
             detail += "; " + "; ".join(found.problems)
         if missing:
@@ -115,7 +138,7 @@ def _serving(ctx: AgentContext, res: Resource) -> Callable[[], Awaitable[str]]:
             except grpc.aio.AioRpcError as e:
                 raise CheckFailed(f"{res.socket_name} does not answer: {e.code().name}: {e.details()}") from None
         healthy = sum(1 for d in listing.devices if d.health == "Healthy")
-        detail = f"serving {len(listing.devices)} devices ({healthy} healthy)"
+        detail = f"serving {_count(len(listing.devices), 'device')} ({healthy} healthy)"
         try:
             allocatable = await _kubelet_count(ctx, res)
         except grpc.aio.AioRpcError as e:
@@ -159,6 +182,7 @@ def _allocate(ctx: AgentContext, res: Resource) -> Callable[[], Awaitable[str]]:
 def checks(section: Config, ctx: AgentContext) -> list[Check]:
     out = [
         Check("deviceplugin", "host root", _host_root(section)),
+        Check("deviceplugin", "change detection", _change_detection()),
         Check("tools", "deviceplugin health/reset commands", _tools(section)),
     ]
     for res in section.resources:

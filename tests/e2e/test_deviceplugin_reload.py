@@ -150,8 +150,9 @@ async def test_doctor_round_trip_and_skip(running: tuple[Path, AgentContext, Fak
     cfg = Config.model_validate(section(host, [FUSE, TUN]))
     results = {c.name: await c.run() for c in checks(cfg, ctx) if c.group == "deviceplugin"}
     assert results["host root"] == f"{host} has dev and sys"
-    assert results["fuse discovery"] == "1 devices"
-    assert results["fuse serving"].startswith("serving 1 devices (1 healthy); kubelet.sock present")
+    assert results["fuse discovery"] == "1 device"
+    assert results["fuse serving"].startswith("serving 1 device (1 healthy); kubelet.sock present")
+    assert results["change detection"] == "inotify and kernel uevents"
     assert results["fuse allocate"] == "fuse -> /dev/fuse"
     await plugin.stop(0)
     for c in checks(cfg, ctx):
