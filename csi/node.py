@@ -39,9 +39,7 @@ from csi.grpcerrors import rpc
 from csi.locks import OperationLocks
 from csi.model import validate_id
 from csi.nodehost import EPHEMERAL_KEY, NodeHost, PublishSpec, StageSpec
-from csi.state import StateStore
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
-from nodeplug.log import Logger, get_logger
 
 T = TypeVar("T")
 _Mode = csi_pb2.VolumeCapability.AccessMode
@@ -116,22 +114,12 @@ def capability(
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
-    def __init__(
-        self,
-        config: Config,
-        store: StateStore,
-        host: NodeHost,
-        locks: OperationLocks,
-        kubelet_dir: Path,
-        log: Logger | None = None,
-    ) -> None:
+    def __init__(self, config: Config, host: NodeHost, locks: OperationLocks, kubelet_dir: Path) -> None:
         self.config = config
-        self.store = store
         self.host = host
         self.locks = locks
         self.kubelet_dir = kubelet_dir
         self.node_id = config.node_id or socket.gethostname()
-        self.log = log or get_logger("csi")
 
     async def _locked(self, volume_id: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` in a worker thread holding the volume's lock there, so a cancelled RPC (the caller's deadline)

@@ -87,7 +87,7 @@ class CsiPlugin:
         server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager, cfg))
         server.add(
             csi_pb2_grpc.add_NodeServicer_to_server,
-            NodeServicer(cfg, self.store, host, self.manager.locks, kubelet_dir, self.log),
+            NodeServicer(cfg, host, self.manager.locks, kubelet_dir),
         )
         await server.start()
         self._server = server
