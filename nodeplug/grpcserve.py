@@ -30,6 +30,7 @@ from nodeplug.log import Logger, get_logger
 from nodeplug.metrics import Metrics
 
 _ID_FIELDS = ("volume_id", "snapshot_id", "source_volume_id", "group_snapshot_id", "node_id", "name")
+_SUN_PATH_MAX = 107
 DEFAULT_QUIET = frozenset({"Probe", "GetPluginInfo", "GetPluginCapabilities", "GetInfo", "NodeGetCapabilities"})
 
 
@@ -188,11 +189,20 @@ class UnixGrpcServer:
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(self.path)
+        address = str(self.path)
+        dir_fd = -1
+        if len(address.encode()) > _SUN_PATH_MAX:
+            # sockaddr_un holds 107 bytes: reach a deep directory through its /proc/self/fd link (bind happens
+            # inside add_insecure_port, so the descriptor is only needed until it returns)
+            dir_fd = os.open(self.path.parent, os.O_PATH | os.O_DIRECTORY)
+            address = f"/proc/self/fd/{dir_fd}/{self.path.name}"
         old = os.umask(0o177)  # the socket file is created 0600 by bind()
         try:
-            bound = self._server.add_insecure_port(f"unix://{self.path}")
+            bound = self._server.add_insecure_port(f"unix://{address}")
         finally:
             os.umask(old)
+            if dir_fd >= 0:
+                os.close(dir_fd)
         if not bound:
             raise OSError(f"could not listen on unix socket {self.path}")
         await self._server.start()

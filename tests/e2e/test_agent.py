@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -64,8 +66,8 @@ class Running:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Running]:
-    root = tmp_path / "root"
-    root.mkdir()
+    # a short root: kubelet's socket paths under it must fit sockaddr_un (107 bytes) for every client
+    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
     port = free_port()
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"http:\n  address: 127.0.0.1:{port}\nshutdown_grace_seconds: 2\n")
@@ -82,6 +84,7 @@ def agent(tmp_path: Path) -> Iterator[Running]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def sockets_under(root: Path) -> list[Path]:

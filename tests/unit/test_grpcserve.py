@@ -82,3 +82,24 @@ async def test_refuses_to_remove_a_directory(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError, match="a directory is in the way"):
         await server.start()
     assert path.is_dir()
+
+
+async def test_listens_on_a_path_longer_than_sockaddr_un(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    path = deep / "long.sock"
+    assert len(str(path)) > 107
+    server = UnixGrpcServer(path, "test", Metrics())
+    server.add(lambda _servicer, s: _Echo.register(s), None)
+    await server.start()
+    try:
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        fd = os.open(deep, os.O_PATH | os.O_DIRECTORY)
+        try:
+            async with aio.insecure_channel(f"unix:///proc/self/fd/{fd}/long.sock") as ch:
+                assert await ch.unary_unary("/test.Echo/Echo")(b"deep") == b"deep"
+        finally:
+            os.close(fd)
+    finally:
+        await server.stop(1)
+    assert not path.exists()
