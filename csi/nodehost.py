@@ -385,6 +385,7 @@ class NodeHost:
         backend = params.pop("backend", "")
         fs = spec.fs_type or params.pop("fsType", "")
         kind = spec.kind or "mount"
+        is_new = self.store.get_volume_by_name(spec.volume_id) is None
         try:
             v = self.manager.create_volume(
                 spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
@@ -393,11 +394,12 @@ class NodeHost:
             raise InvalidArgument(str(e).replace("parameters.", "volume_context.", 1)) from e
         staging = self.ephemeral_dir / validate_id("volume_id", spec.volume_id)
         try:
-            self.stage(StageSpec(v.volume_id, staging, kind, "", ()))
+            self.stage(StageSpec(v.volume_id, staging, kind, "", spec.flags))
             self.publish(PublishSpec(v.volume_id, spec.target, staging, kind, "", spec.flags, spec.readonly, False))
         except Exception:
-            with contextlib.suppress(Exception):
-                self._remove_ephemeral(v, spec.target)
+            if is_new:  # undo only what this call made; a failed repeat leaves the working volume alone
+                with contextlib.suppress(Exception):
+                    self._remove_ephemeral(v, spec.target)
             raise
 
     async def unpublish_ephemeral(self, v: Volume, target: Path, locked: Locked[None]) -> None:

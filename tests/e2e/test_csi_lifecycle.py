@@ -183,6 +183,13 @@ async def test_ephemeral_inline_volume() -> None:
         await d.node.NodePublishVolume(req)
         await d.node.NodePublishVolume(req)  # idempotent
         write(target / "scratch", b"tmp")
+        ro = csi_pb2.NodePublishVolumeRequest()
+        ro.CopyFrom(req)
+        ro.readonly = True
+        with pytest.raises(aio.AioRpcError) as err:  # an incompatible repeat fails and leaves the volume alone
+            await d.node.NodePublishVolume(ro)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert (target / "scratch").read_bytes() == b"tmp"
         stats = await d.stats("csi-e1a2b3", target)
         assert 20 * MiB < stats.usage[0].total <= 32 * MiB
         assert d.plugin is not None and d.plugin.store is not None
