@@ -9,8 +9,11 @@ Design:
   either the old or the new row.
 - Safe for threads: one connection per thread (``threading.local``), SQLite's own locking between them and between
   processes (``busy_timeout``), so the servicers can call it from ``asyncio.to_thread`` workers.
-- Pagination tokens are the decimal row sequence number to resume from; anything else raises :class:`Aborted`
-  (the CSI spec's answer to an invalid ``starting_token``). Rows deleted between pages do not break a token.
+- Pagination tokens are the decimal offset of the next entry in creation order, as in the reference hostpath
+  driver, whose behaviour the community sanity suite checks (a token equals the entries already returned, and a
+  token past the end is ABORTED). A token that is not a number, or is past the end, raises :class:`Aborted`, the
+  CSI spec's answer to an invalid ``starting_token``. An entry deleted between pages shifts later entries by one,
+  so one may be skipped: listing is a best-effort view, as the spec allows.
 
 Constructed as ``StateStore(root(config.data_dir) / "state.db")``.
 """
@@ -158,7 +161,7 @@ def _group(row: sqlite3.Row) -> GroupSnapshot:
     )
 
 
-def _start_seq(token: str) -> int:
+def _offset(token: str) -> int:
     if not token:
         return 0
     if not token.isdigit() or len(token) > 18:
@@ -261,21 +264,29 @@ class StateStore:
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> tuple[list[Volume], str]:
         """A page of volumes in creation order and the token for the next page ("" when this is the last)."""
-        start = _start_seq(starting_token)
-        limit = max_entries if max_entries > 0 else -1
-        rows = (
-            self._conn()
-            .execute(f"SELECT seq, {_VOL_COLS} FROM volumes WHERE seq >= ? ORDER BY seq LIMIT ?", (start, limit))
-            .fetchall()
-        )
-        return [_volume(r) for r in rows], self._next_token("volumes", rows, max_entries)
+        rows, token = self._page("volumes", _VOL_COLS, "", (), max_entries, starting_token)
+        return [_volume(r) for r in rows], token
 
-    def _next_token(self, table: str, rows: list[sqlite3.Row], max_entries: int) -> str:
-        if max_entries <= 0 or len(rows) < max_entries:
-            return ""
-        last = int(rows[-1]["seq"])
-        more = self._one(f"SELECT seq FROM {table} WHERE seq > ? ORDER BY seq LIMIT 1", (last,))
-        return str(int(more["seq"])) if more else ""
+    def _page(
+        self, table: str, cols: str, where: str, args: tuple[Any, ...], max_entries: int, starting_token: str
+    ) -> tuple[list[sqlite3.Row], str]:
+        """One page of ``table`` in creation order, read in one snapshot of the database."""
+        offset = _offset(starting_token)
+        limit = max_entries if max_entries > 0 else -1
+        clause = f" WHERE {where}" if where else ""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            total = int(conn.execute(f"SELECT COUNT(*) FROM {table}{clause}", args).fetchone()[0])
+            if offset > total:
+                raise Aborted(f"starting_token: {starting_token} is past the end of the list ({total} entries)")
+            rows = conn.execute(
+                f"SELECT {cols} FROM {table}{clause} ORDER BY seq LIMIT ? OFFSET ?", (*args, limit, offset)
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        end = offset + len(rows)
+        return rows, (str(end) if max_entries > 0 and end < total else "")
 
     def count_volumes(self) -> int:
         row = self._one("SELECT COUNT(*) AS n FROM volumes", ())
@@ -303,27 +314,8 @@ class StateStore:
         self, max_entries: int = 0, starting_token: str = "", source_volume_id: str = ""
     ) -> tuple[list[Snapshot], str]:
         """A page of snapshots (optionally only those of one source volume) and the next page's token."""
-        start = _start_seq(starting_token)
-        limit = max_entries if max_entries > 0 else -1
-        where, args = "seq >= ?", [start]
-        if source_volume_id:
-            where += " AND source_volume_id = ?"
-            args.append(source_volume_id)  # type: ignore[arg-type]
-        rows = (
-            self._conn()
-            .execute(f"SELECT seq, {_SNAP_COLS} FROM snapshots WHERE {where} ORDER BY seq LIMIT ?", (*args, limit))
-            .fetchall()
-        )
-        token = ""
-        if max_entries > 0 and len(rows) == max_entries:
-            last = int(rows[-1]["seq"])
-            more_args: list[Any] = [last]
-            more_where = "seq > ?"
-            if source_volume_id:
-                more_where += " AND source_volume_id = ?"
-                more_args.append(source_volume_id)
-            more = self._one(f"SELECT seq FROM snapshots WHERE {more_where} ORDER BY seq LIMIT 1", tuple(more_args))
-            token = str(int(more["seq"])) if more else ""
+        where, args = ("source_volume_id = ?", (source_volume_id,)) if source_volume_id else ("", ())
+        rows, token = self._page("snapshots", _SNAP_COLS, where, args, max_entries, starting_token)
         return [_snapshot(r) for r in rows], token
 
     def snapshots_of(self, source_volume_id: str) -> list[Snapshot]:

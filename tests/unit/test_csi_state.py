@@ -100,13 +100,27 @@ def test_volume_pagination(tmp_path: Path) -> None:
         if not token:
             break
     assert seen == [f"vol-{i:04d}" for i in range(7)] and pages == 3
-    # a token stays valid when the volume it points at is deleted
-    page, token = s.list_volumes(2)
-    s.delete_volume("vol-0002")
-    page2, _ = s.list_volumes(2, token)
-    assert [v.volume_id for v in page2] == ["vol-0003", "vol-0004"]
     # exactly max_entries left: no dangling token
-    assert s.list_volumes(6)[1] == ""
+    assert s.list_volumes(7)[1] == ""
+    assert s.list_volumes(7, "7") == ([], "")  # the end itself is a valid (empty) page
+
+
+def test_pagination_as_the_sanity_suite_checks_it(tmp_path: Path) -> None:
+    """The token counts the entries already returned; deleting the last of a page and adding one between pages
+    leaves exactly total - page entries from the token onwards."""
+    s = StateStore(tmp_path / "state.db")
+    for i in range(4):
+        s.put_volume(vol(i))
+    page, token = s.list_volumes(2)
+    assert token == "2"
+    s.delete_volume(page[-1].volume_id)
+    s.put_volume(vol(9))
+    rest, token2 = s.list_volumes(0, token)
+    assert len(rest) == 4 - 2 and token2 == ""
+    with pytest.raises(Aborted, match="past the end"):
+        s.list_volumes(0, "9")
+    with pytest.raises(Aborted, match="past the end"):
+        s.list_snapshots(0, "1")
 
 
 @pytest.mark.parametrize("token", ["invalid-token", "-1", "1e3", "9" * 40, "x"])
