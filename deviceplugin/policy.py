@@ -3,7 +3,8 @@
 Preferred allocation, per container request:
 
 1. every ``must_include`` ID is taken (each must be in ``available``);
-2. the rest comes only from ``available`` IDs this resource knows and holds healthy;
+2. the rest comes only from ``available``: IDs this resource knows and holds healthy first; only when those are too
+   few, the others (kubelet's view may be a moment behind ours; Allocate then says exactly what is wrong);
 3. devices on the fewest NUMA nodes: the NUMA nodes of ``must_include`` are always in, then the smallest set of further
    nodes with enough devices (ties: more devices, then lower node numbers); devices with no NUMA node fit anywhere;
 4. replicas (``<id>::<k>``): ``spread`` takes the physical device with the fewest replicas taken so far (so pods land
@@ -79,9 +80,12 @@ def preferred(
             pool.append(cand(i))
     need = size - len(chosen)
     if need > len(pool):
-        raise PolicyError(
-            "precondition", f"cannot choose {size} devices: only {len(pool) + len(chosen)} of the available are usable"
-        )
+        rest = sorted((i for i in set(available) - taken if i not in {c.id for c in pool}), key=natural_key)
+        if need > len(pool) + len(rest):
+            raise PolicyError(
+                "invalid", f"allocation_size {size} is more than the {len(set(available))} available_deviceIDs"
+            )
+        return [c.id for c in chosen] + [c.id for c in pool] + rest[: need - len(pool)]
     if need == 0:
         return [c.id for c in chosen]
 

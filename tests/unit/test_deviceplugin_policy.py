@@ -36,9 +36,11 @@ def test_fewest_numa_nodes() -> None:
 def test_only_available_and_healthy_are_chosen() -> None:
     t = table({"a": 0, "b": 0, "c": 0, "sick": 0}, missing=("/dev/x",))
     assert preferred(["c", "sick", "unknown"], [], 1, t.get) == ["c"]
-    with pytest.raises(PolicyError) as e:
-        preferred(["c", "sick"], [], 2, t.get)
-    assert e.value.kind == "precondition"
+    # too few healthy ones: the rest of available fills up (Allocate will name the bad ones)
+    assert preferred(["unknown", "c", "sick"], [], 2, t.get) == ["c", "sick"]
+    with pytest.raises(PolicyError, match="allocation_size 3 is more than the 2 available_deviceIDs") as e:
+        preferred(["c", "sick"], [], 3, t.get)
+    assert e.value.kind == "invalid"
 
 
 def test_no_numa_fits_anywhere() -> None:

@@ -1,0 +1,116 @@
+"""The plugin over real unix sockets without root: fake PCI devices whose nodes are plain files in a temp host root.
+
+The root tiers (tests/e2e) use real device nodes; this keeps the servicer, registration and restart paths covered
+where tests do not run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from deviceplugin.config import Config
+from deviceplugin.kubeletstub import FakeKubelet
+from deviceplugin.plugin import DevicePlugin, create
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2
+from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
+from nodeplug.plugin import AgentContext
+
+
+def fake_pci(host: Path, addr: str, numa: int, group: int, node: bool = True) -> None:
+    d = host / "sys/devices/pci0000:00" / addr
+    d.mkdir(parents=True)
+    for name, text in {"vendor": "0x10de", "device": "0x2330", "class": "0x030200", "numa_node": str(numa)}.items():
+        (d / name).write_text(text + "\n")
+    g = host / f"sys/kernel/iommu_groups/{group}"
+    g.mkdir(parents=True)
+    (d / "iommu_group").symlink_to(os.path.relpath(g, d))
+    link = host / "sys/bus/pci/devices" / addr
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(d, link.parent))
+    if node:
+        (host / "dev/vfio").mkdir(parents=True, exist_ok=True)
+        (host / f"dev/vfio/{group}").write_text("")
+
+
+class Setup:
+    def __init__(self, base: Path) -> None:
+        self.host = base / "host"
+        self.ctx = AgentContext(root=Root(base / "root"))
+        self.kubelet = FakeKubelet(self.ctx.root(DEVICE_PLUGIN_DIR))
+        self.plugin: DevicePlugin | None = None
+
+
+@pytest.fixture
+async def s() -> AsyncIterator[Setup]:
+    base = Path(tempfile.mkdtemp(prefix="npdp-"))  # unix socket paths must stay under 108 bytes
+    setup = Setup(base)
+    for i, (numa, group) in enumerate([(0, 10), (0, 11), (1, 20), (1, 21)]):
+        fake_pci(setup.host, f"0000:0{i}:00.0", numa, group)
+    await setup.kubelet.start()
+    cfg = Config.model_validate(
+        {"host_root": str(setup.host), "resources": [{"name": "gpu", "pci": [{"vendor": "10de"}], "cdi": True}]}
+    )
+    setup.plugin = create(cfg, setup.ctx)
+    await setup.plugin.start()
+    try:
+        yield setup
+    finally:
+        await setup.plugin.stop(0)
+        await setup.kubelet.stop()
+        shutil.rmtree(base)
+
+
+async def test_register_list_prefer_allocate_restart(s: Setup) -> None:
+    ep = await s.kubelet.wait_registered("nodeplug.io/gpu")
+    assert ep.request.endpoint == "nodeplug-gpu.sock" and ep.request.version == "v1beta1"
+    assert [(d[0], d[2]) for d in ep.latest] == [
+        ("0000:00:00.0", (0,)),
+        ("0000:01:00.0", (0,)),
+        ("0000:02:00.0", (1,)),
+        ("0000:03:00.0", (1,)),
+    ]
+    req = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=[d[0] for d in ep.latest],
+                must_include_deviceIDs=["0000:03:00.0"],
+                allocation_size=2,
+            )
+        ]
+    )
+    pref = await ep.stub.GetPreferredAllocation(req)
+    assert list(pref.container_responses[0].deviceIDs) == ["0000:03:00.0", "0000:02:00.0"]
+
+    alloc = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["0000:03:00.0", "0000:02:00.0"])]
+    )
+    resp = await ep.stub.Allocate(alloc)
+    assert [d.name for d in resp.container_responses[0].cdi_devices] == [
+        "nodeplug.io/gpu=0000:03:00.0",
+        "nodeplug.io/gpu=0000:02:00.0",
+    ]
+    spec = json.loads((s.ctx.root(CDI_DIR) / "nodeplug.io-gpu.json").read_text())
+    assert spec["devices"][3]["containerEdits"]["deviceNodes"][0]["hostPath"] == "/dev/vfio/21"
+
+    os.unlink(s.host / "dev/vfio/21")  # its vfio group node goes away: unhealthy, Allocate refuses it
+    await ep.wait_listing(lambda listing: listing[3][1] == "Unhealthy", 1)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.Allocate(alloc)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "0000:03:00.0 (device node missing: /dev/vfio/21)" in (e.value.details() or "")
+
+    fake_pci(s.host, "0000:04:00.0", 1, 30)  # PCI hotplug on the fake tree
+    await ep.wait_listing(lambda listing: len(listing) == 5, 1)
+
+    await s.kubelet.restart()
+    again = await s.kubelet.wait_registered("nodeplug.io/gpu", after=1)
+    assert len(again.latest) == 5
+    assert s.plugin is not None and s.plugin.readiness().ready
