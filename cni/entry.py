@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
-from typing import IO, Any, TextIO
 
-from cni import thick, versions
+from cni import versions
 from cni.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import IO, Any, TextIO
+
 DEFAULT_SOCKET = "/run/nodeplug/cni.sock"
-DEFAULT_AGENT_TIMEOUT = thick.ACK_TIMEOUT
+DEFAULT_AGENT_TIMEOUT = 2.0  # seconds to wait for the agent to take a request (network config: agentTimeout)
 
 
 def _route(stdin: bytes) -> tuple[str, float, str] | None:
@@ -85,6 +88,8 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
         return 0
     route = _route(stdin) if env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0") else None
     if route is not None and command:
+        from cni import thick  # socket: not needed for VERSION
+
         path, timeout, text = route
         cni_env = {k: v for k, v in env.items() if k.startswith("CNI_")}
         try:

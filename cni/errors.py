@@ -12,7 +12,10 @@ This module is on the entry point's start-up path: standard library only.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Well-known error codes (CNI spec 1.1.0, "Error"); 1-99 are reserved for the spec, 100+ are plugin-specific.
 INCOMPATIBLE_VERSION = 1

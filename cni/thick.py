@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Mapping
+    from typing import Any
 
 ACK = b"\x06"
 GO = b"\x07"

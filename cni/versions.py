@@ -15,9 +15,11 @@ Standard library only: this is on the entry point's start-up path.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cni.errors import INCOMPATIBLE_VERSION, CniError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
+if TYPE_CHECKING:
+    from typing import Any
 
 SUPPORTED = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST = "1.1.0"
