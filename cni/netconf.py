@@ -40,6 +40,7 @@ DEFAULT_BRIDGE = "nodeplug0"
 DEFAULT_SOCKET = "/run/nodeplug/cni.sock"
 DEFAULT_DATA_DIR = "/var/lib/nodeplug/ipam"
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
+ATTACHMENTS_KEY = "cni.dev/attachments"  # the spec's earlier spelling; libcni sends both
 
 _NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 _IFNAME_BAD = re.compile(r"[/:\s]")
@@ -258,7 +259,7 @@ def _common(d: Mapping[str, Any]) -> tuple[str, str, Result | None, dict[str, An
         prev_result,
         _get_obj(d, "runtimeConfig"),
         _get_obj(d, "args"),
-        _valid_attachments(d.get(VALID_ATTACHMENTS_KEY)),
+        _valid_attachments(d[VALID_ATTACHMENTS_KEY] if VALID_ATTACHMENTS_KEY in d else d.get(ATTACHMENTS_KEY)),
     )
 
 

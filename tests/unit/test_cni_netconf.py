@@ -133,3 +133,8 @@ def test_parse_is_fast() -> None:
     for _ in range(200):
         netconf.parse(raw)
     assert (time.perf_counter() - t) / 200 < 0.002  # well under a millisecond in practice
+
+
+def test_gc_attachments_under_the_older_key_too() -> None:
+    c = netconf.parse(base(**{"cni.dev/attachments": [{"containerID": "b", "ifname": "net1"}]}))
+    assert c.valid_attachments == (("b", "net1"),)
