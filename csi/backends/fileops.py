@@ -135,33 +135,65 @@ def grow_file(path: Path, size: int) -> None:
             os.close(fd)
 
 
-def grow_fs_offline(path: Path, fs_type: str, scratch: Path) -> None:
-    """Grow the filesystem in the (unmounted) file ``path`` to fill the file.
+def _grow_ext4(path: Path) -> None:
+    try:
+        run(["e2fsck", "-f", "-p", str(path)], timeout=FSCK_TIMEOUT)
+    except CommandError as e:
+        if e.returncode not in (1, 2):  # 1/2: errors corrected; anything else is a real failure
+            raise Internal.from_command(e, f"checking {path.name} before resize") from e
+    cmd(["resize2fs", str(path)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
 
-    ext4: ``e2fsck -f -p`` (replays the journal of a copy taken from a mounted filesystem) then ``resize2fs``.
-    xfs: growing needs a mounted filesystem, so it is mounted for the moment at a temporary directory under
-    ``scratch`` (``-o loop,nouuid``: a copy has its source's UUID) and ``xfs_growfs`` runs there.
+
+@contextlib.contextmanager
+def _xfs_mounted(path: Path, scratch: Path) -> Iterator[Path]:
+    """``path`` mounted for the moment under ``scratch`` (``loop,nouuid``: a copy shares its source's UUID)."""
+    mnt = Path(tempfile.mkdtemp(prefix=".xfs-", dir=scratch))
+    try:
+        cmd(["mount", "-t", "xfs", "-o", "loop,nouuid", str(path), str(mnt)], 60.0, f"mounting {path.name}")
+        try:
+            yield mnt
+        finally:
+            cmd(["umount", str(mnt)], 60.0, f"unmounting {path.name}")
+    finally:
+        with contextlib.suppress(OSError):
+            mnt.rmdir()
+
+
+def grow_fs_offline(path: Path, fs_type: str, scratch: Path) -> None:
+    """Grow the filesystem in the unmounted file or device ``path`` to fill it.
+
+    ext4: ``e2fsck -f -p`` (also replays the journal of a copy of a mounted filesystem) then ``resize2fs``.
+    xfs: growing needs a mounted filesystem: mounted for the moment under ``scratch``, then ``xfs_growfs``.
     """
     if fs_type == "ext4":
-        try:
-            run(["e2fsck", "-f", "-p", str(path)], timeout=FSCK_TIMEOUT)
-        except CommandError as e:
-            if e.returncode not in (1, 2):  # 1/2: errors corrected; anything else is a real failure
-                raise Internal.from_command(e, f"checking {path.name} before resize") from e
-        cmd(["resize2fs", str(path)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
+        _grow_ext4(path)
     elif fs_type == "xfs":
-        mnt = Path(tempfile.mkdtemp(prefix=".grow-", dir=scratch))
-        try:
-            cmd(["mount", "-t", "xfs", "-o", "loop,nouuid", str(path), str(mnt)], 60.0, "mounting for xfs_growfs")
-            try:
-                cmd(["xfs_growfs", str(mnt)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
-            finally:
-                cmd(["umount", str(mnt)], 60.0, "unmounting after xfs_growfs")
-        finally:
-            with contextlib.suppress(OSError):
-                mnt.rmdir()
+        with _xfs_mounted(path, scratch) as mnt:
+            cmd(["xfs_growfs", str(mnt)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
     else:
         raise Internal(f"grow: unsupported filesystem type {fs_type!r}")
+
+
+def finish_copy(path: Path, fs_type: str, grow: bool, scratch: Path) -> None:
+    """Make the unmounted filesystem image ``path``, a copy of another volume, ready to be used on its own.
+
+    ext4: grown (see :func:`grow_fs_offline`) when ``grow``; a duplicate ext4 UUID is harmless.
+    xfs: two mounted xfs with one UUID cannot coexist, and ``xfs_admin -U`` needs a clean log, which a copy of a
+    mounted (frozen) filesystem lacks; so the copy is mounted for the moment (replaying its log), grown when
+    ``grow``, unmounted, and given a new UUID.
+    """
+    if fs_type == "ext4":
+        if grow:
+            _grow_ext4(path)
+    elif fs_type == "xfs":
+        with _xfs_mounted(path, scratch) as mnt:
+            if grow:
+                cmd(["xfs_growfs", str(mnt)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
+        out = cmd(["xfs_admin", "-U", "generate", str(path)], FSCK_TIMEOUT, f"giving {path.name} a new UUID")
+        if "new UUID" not in out:  # xfs_admin exits 0 even when it refuses
+            raise Internal(f"xfs_admin -U generate {path}: the UUID was not changed: {out.strip()[:300]}")
+    else:
+        raise Internal(f"unsupported filesystem type {fs_type!r}")
 
 
 def fs_errors(path: Path, fs_type: str) -> str:

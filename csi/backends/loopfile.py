@@ -9,8 +9,9 @@ Layout under ``base``::
 The file size is the capacity, so a pod cannot write more than it asked for. mkfs runs on the file itself; the node
 side attaches a loop device at stage time. Copies use FICLONE where the base's filesystem shares extents (btrfs, XFS
 with reflink) and a sparse copy elsewhere. Growing a restored or cloned volume beyond its source grows the file and
-then the filesystem offline (see :func:`csi.backends.fileops.grow_fs_offline`); ``expand`` of a live volume only
-grows the file and leaves the loop device and filesystem to the node (NodeExpandVolume).
+then the filesystem offline, and an xfs copy gets its own UUID so it can be mounted beside its source (see
+:func:`csi.backends.fileops.finish_copy`); ``expand`` of a live volume only grows the file and leaves the loop device
+and filesystem to the node (NodeExpandVolume).
 
 The same class serves the btrfs backend's file volumes (block, ext4/xfs) with ``name="btrfs"``.
 """
@@ -108,11 +109,11 @@ class LoopfileBackend:
         tmp = self._fresh(final)
         try:
             fileops.copy_file(src, tmp)
-            old = os.stat(tmp).st_size
-            if size > old:
+            grow = size > os.stat(tmp).st_size
+            if grow:
                 fileops.grow_file(tmp, size)
-                if access_type == "mount":
-                    fileops.grow_fs_offline(tmp, fs_type, self.base)
+            if access_type == "mount":
+                fileops.finish_copy(tmp, fs_type, grow, self.base)
         except BaseException:
             fileops.remove_under(tmp, self.base)
             raise

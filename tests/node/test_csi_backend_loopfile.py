@@ -45,8 +45,7 @@ def mounted(v: Volume, where: Path, mounts: Callable[[Path], Path], ro: bool = F
     where.mkdir(parents=True, exist_ok=True)
     dev = loopdev.attach(Path(v.path))
     try:
-        opts = ["-o", ",".join(["nouuid"] if v.fs_type == "xfs" else ["defaults"]) + (",ro" if ro else "")]
-        sh("mount", "-t", v.fs_type, *opts, dev, str(mounts(where)))
+        sh("mount", "-t", v.fs_type, "-o", "ro" if ro else "rw", dev, str(mounts(where)))
         try:
             yield where
         finally:
@@ -114,6 +113,30 @@ def test_snapshot_of_a_staged_volume_freezes_it(
     with mounted(r, tmp_path / "m-r", mounts) as m:
         assert (m / "unsynced.bin").read_bytes() == payload
         assert not (m / "after.txt").exists()
+
+
+@pytest.mark.parametrize("fs", ["ext4", "xfs"])
+def test_copies_of_a_staged_volume_mount_beside_it(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path], fs: str
+) -> None:
+    """A snapshot of a mounted filesystem has a dirty log and, for xfs, its source's UUID: the restore and the clone
+    are made ready so they mount (plainly, as the node does) while the source is still mounted."""
+    v = manager.create_volume(f"live-{fs}", CapacityRange(300 * MIB), "mount", fs, "", {})
+    staging = tmp_path / "kubelet" / "staging"
+    with mounted(v, staging, mounts) as m:
+        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.find(Path(v.path)) or ""))
+        (m / "f").write_text("before")
+        snap = manager.create_snapshot(f"s-{fs}", v.volume_id, {})
+        restored = manager.create_volume(
+            f"r-{fs}", CapacityRange(400 * MIB), "mount", fs, "", {}, VolumeSource("snapshot", snap.snapshot_id)
+        )
+        clone = manager.create_volume(
+            f"c-{fs}", CapacityRange(300 * MIB), "mount", fs, "", {}, VolumeSource("volume", v.volume_id)
+        )
+        with mounted(restored, tmp_path / "m-r", mounts) as r, mounted(clone, tmp_path / "m-c", mounts) as c:
+            assert (r / "f").read_text() == "before" and (c / "f").read_text() == "before"
+            assert fs_bytes(r) > fs_bytes(m) + 64 * MIB
+        manager.store.delete_stage(v.volume_id)
 
 
 def test_mount_volume_capacity_is_enforced(
