@@ -122,12 +122,16 @@ class Commands:
         with contextlib.ExitStack() as undo:
             if conf.ipam_conf is not None:
                 requested = service.requested_ips(conf.runtime_config, conf.args, req.args.ips)
-                ips = service.add(conf.name, conf.ipam_conf, req.container_id, req.ifname, requested, self.opener)
-                undo.callback(
-                    _best_effort(
-                        lambda: service.release(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)  # type: ignore[arg-type]
-                    )
+                ipam_conf = conf.ipam_conf
+                ips, fresh = service.add_tracked(
+                    conf.name, ipam_conf, req.container_id, req.ifname, requested, self.opener
                 )
+                if fresh:  # a repeated ADD must not release the lease of the attachment that holds it
+                    undo.callback(
+                        _best_effort(
+                            lambda: service.release(conf.name, ipam_conf, req.container_id, req.ifname, self.opener)
+                        )
+                    )
                 ipam_routes = conf.ipam_conf.routes
                 dns = dns or conf.ipam_conf.dns
             elif conf.ipam_type:

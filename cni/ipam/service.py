@@ -62,6 +62,21 @@ def add(
         return allocator.allocate(txn, ipam, container_id, ifname, requested)
 
 
+def add_tracked(
+    network: str,
+    ipam: IpamConf,
+    container_id: str,
+    ifname: str,
+    requested: Sequence[IPAddress] = (),
+    opener: StoreOpener | None = None,
+) -> tuple[list[IPConfig], bool]:
+    """As :func:`add`, and whether this call made the lease (False: the attachment already held it, so undoing a
+    failed ADD must not release it)."""
+    with _open(network, ipam, opener).transaction() as txn:
+        fresh = not txn.leases_of(container_id, ifname)
+        return allocator.allocate(txn, ipam, container_id, ifname, requested), fresh
+
+
 def leased(
     network: str, ipam: IpamConf, container_id: str, ifname: str, opener: StoreOpener | None = None
 ) -> list[IPConfig]:

@@ -189,3 +189,10 @@ def test_ipam_plugin_mode(dp: FakeDataplane, store: MemoryStore) -> None:
 def test_requested_ip_through_runtime_config(dp: FakeDataplane, store: MemoryStore) -> None:
     code, out = call(dp, store, "ADD", {**CONF, "runtimeConfig": {"ips": ["10.30.0.5/29"]}})
     assert code == 0 and out["ips"][0]["address"] == "10.30.0.5/29"
+
+
+def test_failed_repeat_add_keeps_the_existing_lease(dp: FakeDataplane, store: MemoryStore) -> None:
+    assert call(dp, store, "ADD")[0] == 0
+    dp.fail_add = CniError(101, details="veth exists")
+    assert call(dp, store, "ADD")[0] == 1
+    assert {x.container_id for x in store.leases.values()} == {"c1"}  # the live attachment keeps its address
