@@ -92,7 +92,7 @@ class CniPlugin:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # stale from a previous run: nobody can be serving it (we are the agent)
-        self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
+        self._server = await asyncio.start_unix_server(self._accept, path=str(self.path), backlog=1024)
         os.chmod(self.path, 0o600)
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
 
