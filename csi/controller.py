@@ -241,7 +241,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         topology = dict(request.accessible_topology.segments) if request.HasField("accessible_topology") else None
         free = await asyncio.to_thread(self.manager.get_capacity, dict(request.parameters), topology)
         return csi_pb2.GetCapacityResponse(
-            available_capacity=free, minimum_volume_size=wrappers_pb2.Int64Value(value=1 << 20)
+            available_capacity=free,
+            maximum_volume_size=wrappers_pb2.Int64Value(value=free),
+            minimum_volume_size=wrappers_pb2.Int64Value(value=1 << 20),
         )
 
     @rpc

@@ -168,6 +168,24 @@ class VolumeManager:
         stage = self.store.get_stage(v.volume_id)
         return bool(stage and (v.is_block or v.is_subvolume or _mounted(stage.staging_path)))
 
+    def unrecorded(self) -> list[Path]:
+        """Volume and snapshot files or subvolumes in the backends' directories that no record names.
+
+        What an interrupted create left behind, or what was put there by hand. Reported (by the plugin's reconcile
+        and the doctor), never deleted here: a retry of the same create replaces its own leftover.
+        """
+        known = {v.path for v in self.store.list_volumes()[0]} | {s.path for s in self.store.list_snapshots()[0]}
+        found: list[Path] = []
+        for be in self.backends.values():
+            for sub in ("volumes", "snapshots"):
+                d = be.base / sub
+                try:
+                    entries = sorted(d.iterdir())
+                except OSError:
+                    continue
+                found += [p for p in entries if str(p) not in known]
+        return found
+
     # ------------------------------------------------------------ volumes
 
     def create_volume(
@@ -205,7 +223,8 @@ class VolumeManager:
             existing = self.store.get_volume_by_name(name)
             if existing is not None:
                 return self._compatible(existing, req, lim, access_type, fs_type, bname, source)
-            with self.locks.hold(f"volume/{vid}", f"volume/{source.id}" if source and source.kind == "volume" else ""):
+            source_key = f"{source.kind}/{source.id}" if source else ""
+            with self.locks.hold(f"volume/{vid}", source_key):
                 return self._create(
                     name,
                     vid,

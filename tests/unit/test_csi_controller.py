@@ -8,6 +8,7 @@ volume is ABORTED.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from csi.backends import fileops
 from csi.config import TOPOLOGY_KEY, Config
 from csi.controller import CONTROLLER_CAPABILITIES, ControllerServicer
 from csi.model import PublishRecord, StageRecord
@@ -338,9 +340,10 @@ async def test_list_volumes_bad_arguments(env: Env) -> None:
 
 
 async def test_get_capacity_is_real_free_space_and_honours_topology(env: Env) -> None:
-    resp = await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
     st = os.statvfs(env.root)
-    assert 0 < resp.available_capacity <= st.f_bavail * st.f_frsize
+    resp = await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
+    # the disk is shared with other work, so allow for what it freed meanwhile
+    assert 0 < resp.available_capacity <= st.f_bavail * st.f_frsize + (1 << 30)
     ours = csi_pb2.Topology(segments={TOPOLOGY_KEY: NODE})
     other = csi_pb2.Topology(segments={TOPOLOGY_KEY: "node-b"})
     assert (await env.stub.GetCapacity(csi_pb2.GetCapacityRequest(accessible_topology=ours))).available_capacity > 0
@@ -351,11 +354,16 @@ async def test_get_capacity_is_real_free_space_and_honours_topology(env: Env) ->
     assert (await env.stub.GetCapacity(multi)).available_capacity == 0
 
 
-async def test_capacity_accounts_for_promised_space(env: Env) -> None:
+async def test_capacity_accounts_for_promised_space(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = 10 << 30  # the filesystem's free space, held still (other tests share the real disk)
+    monkeypatch.setattr(fileops, "free_bytes", lambda _path: disk)
     before = (await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())).available_capacity
-    await env.stub.CreateVolume(create_req("big", size=512 * MIB, volume_capabilities=[cap(block=True)]))
+    assert before == disk
+    v = (await env.stub.CreateVolume(create_req("big", size=512 * MIB, volume_capabilities=[cap(block=True)]))).volume
+    allocated = fileops.allocated_bytes(Path(env.manager.get_volume(v.volume_id).path))
     after = (await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())).available_capacity
-    assert before - after >= 500 * MIB  # the sparse file may still grow into its capacity
+    assert after == disk - (512 * MIB - allocated)  # the sparse file may still grow into its capacity
+    await expect(grpc.StatusCode.RESOURCE_EXHAUSTED, env.stub.CreateVolume(create_req("more", size=after + MIB)))
 
 
 # ---------------------------------------------------------------- ControllerExpandVolume and ControllerGetVolume
@@ -483,3 +491,38 @@ async def test_create_after_a_crash_clears_the_unrecorded_leftover(env: Env) -> 
     assert v.volume_id == vid
     assert (volumes / f"{vid}.img").stat().st_size == 16 * MIB
     assert not (volumes / f".tmp-{vid}.img").exists()
+
+
+async def test_concurrent_creates_of_one_name_make_one_volume(env: Env) -> None:
+    results = await asyncio.gather(
+        *(env.stub.CreateVolume(create_req("race")) for _ in range(8)), return_exceptions=True
+    )
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert ok and all(r.volume.volume_id == ok[0].volume.volume_id for r in ok)
+    assert all(isinstance(e, aio.AioRpcError) and e.code() == grpc.StatusCode.ABORTED for e in failed)
+    assert [v.name for v in env.manager.list_volumes()[0]] == ["race"]
+
+
+async def test_concurrent_creates_and_deletes_of_many_volumes(env: Env) -> None:
+    names = [f"many-{i}" for i in range(16)]
+    created = await asyncio.gather(*(env.stub.CreateVolume(create_req(n, size=MIB)) for n in names))
+    assert len({c.volume.volume_id for c in created}) == 16
+    await asyncio.gather(
+        *(env.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=c.volume.volume_id)) for c in created)
+    )
+    assert env.manager.list_volumes()[0] == [] and env.manager.unrecorded() == []
+
+
+async def test_unrecorded_files_are_reported_not_deleted(env: Env) -> None:
+    await env.stub.CreateVolume(create_req())
+    stray = env.root / "var/lib/nodeplug/csi/volumes/vol-stray.img"
+    stray.write_bytes(b"x")
+    assert env.manager.unrecorded() == [stray]
+    assert stray.read_bytes() == b"x"
+
+
+async def test_get_capacity_reports_volume_size_bounds(env: Env) -> None:
+    resp = await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
+    assert resp.maximum_volume_size.value == resp.available_capacity
+    assert resp.minimum_volume_size.value == MIB
