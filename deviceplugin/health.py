@@ -25,9 +25,9 @@ def fill(argv: Sequence[str], dev: Device) -> list[str]:
 async def check(spec: HealthSpec, dev: Device) -> str | None:
     """None when the device's health command passes, else why it failed."""
     try:
-        await arun(fill(spec.command, dev), timeout=spec.timeout_seconds)
+        await _run(fill(spec.command, dev), spec.timeout_seconds)
     except CommandError as e:
-        return f"health command {e}"
+        return f"health {e}"
     return None
 
 
@@ -46,4 +46,11 @@ async def check_all(spec: HealthSpec, devices: Sequence[Device]) -> dict[str, st
 async def reset(spec: ResetSpec, devices: Sequence[Device]) -> None:
     """Run the reset command for each device in turn; raise :class:`CommandError` on the first failure."""
     for dev in devices:
-        await arun(fill(spec.command, dev), timeout=spec.timeout_seconds)
+        await _run(fill(spec.command, dev), spec.timeout_seconds)
+
+
+async def _run(argv: list[str], timeout: float) -> None:
+    try:
+        await arun(argv, timeout=timeout)
+    except OSError as e:  # not executable, permission denied: a CommandError like any other failure
+        raise CommandError(argv, f"could not be started ({e.strerror})") from None

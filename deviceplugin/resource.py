@@ -235,6 +235,8 @@ class ResourceRuntime:
             while True:
                 self._kick.clear()
                 kubelet_id = identity(self.kubelet_socket)
+                if self.registered and kubelet_id == self._kubelet_id:
+                    break  # a second kick for the kubelet we already registered with
                 try:
                     await register(self.kubelet_socket, self.res, self.register_timeout)
                 except Exception as e:
