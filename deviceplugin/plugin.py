@@ -31,6 +31,7 @@ from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext, Readiness
 
 DEBOUNCE = 0.01
+RELOAD_GRACE = 1.0  # in-flight Allocate calls of a removed or changed resource get this long to finish
 UEVENT = "<uevent>"  # pending marker: a kernel uevent, re-scan the resources that read sysfs
 
 
@@ -126,17 +127,24 @@ class DevicePlugin:
             )
             wanted = {r.name: r for r in section.resources}
             for name in [n for n in self.resources if n not in wanted]:
-                await self.resources.pop(name).stop(0, removed=True)
+                await self.resources.pop(name).stop(RELOAD_GRACE, removed=True)
                 self.log.info("resource removed", resource=name)
+            failed: list[str] = []
             for name, res in wanted.items():
                 current = self.resources.get(name)
                 if current is not None and current.res == res and not everything:
                     continue
                 if current is not None:
-                    await self.resources.pop(name).stop(0, removed=current.res.cdi and not res.cdi)
+                    await self.resources.pop(name).stop(RELOAD_GRACE, removed=current.res.cdi and not res.cdi)
                     self.log.info("resource changed, restarting", resource=name)
-                await self._start_resource(res)
+                try:
+                    await self._start_resource(res)
+                except Exception as e:  # the others still start; the shell logs the error
+                    self.log.error("resource could not start", resource=name, error=str(e))
+                    failed.append(f"{name}: {e}")
         self._rewatch()
+        if failed:
+            raise RuntimeError("resources not started: " + "; ".join(failed))
 
     # ------------------------------------------------------------ resources
 

@@ -71,6 +71,7 @@ class ResourceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._problems: list[str] = []
         self._cdi_written: str | None = None
+        self._cdi_dirty = False  # the last write failed: Allocate writes before answering
         self._reg_state = ""
         self._serve_lock = asyncio.Lock()
 
@@ -140,7 +141,11 @@ class ResourceRuntime:
 
     def _after_change(self, changed: bool) -> None:
         if self.res.cdi:
-            self._write_cdi()
+            try:
+                self._write_cdi()
+            except OSError as e:
+                self._cdi_dirty = True
+                self.log.error("CDI spec not written", dir=str(self.cdi_dir), error=str(e))
         if changed:
             self.updates.publish(listing_message(self.table.listing))
             sick = [e.id for e in self.table.listing if not e.healthy]
@@ -163,11 +168,12 @@ class ResourceRuntime:
         if force or text != self._cdi_written:
             path = cdi.write_spec(self.cdi_dir, self.res, spec)
             self._cdi_written = text
+            self._cdi_dirty = False
             self.log.debug("CDI spec written", path=str(path))
 
     def ensure_cdi_spec(self) -> None:
-        """Allocate calls this: rewrite the spec when it is not on disk (someone removed it)."""
-        if not (self.cdi_dir / cdi.spec_filename(self.res)).exists():
+        """Allocate calls this: write the spec when the last write failed or someone removed it (OSError if not)."""
+        if self._cdi_dirty or not (self.cdi_dir / cdi.spec_filename(self.res)).exists():
             self._write_cdi(force=True)
 
     async def _health_loop(self) -> None:

@@ -457,3 +457,18 @@ async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones
     assert await settle() == {"hca": 0, "fuse": 0, "serial": 1}
     h.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
     assert await settle() == {"hca": 0, "fuse": 1, "serial": 0}
+
+
+async def test_cdi_dir_unwritable_then_fixed(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    h.cdi_dir.parent.mkdir(parents=True)
+    h.cdi_dir.write_text("")  # a file where the CDI directory should be: every write fails
+    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "cdi": True}]))
+    ep = await h.ep("fuse")  # serving and registered all the same
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.Allocate(alloc(["fuse"]))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and str(h.cdi_dir) in (e.value.details() or "")
+    h.cdi_dir.unlink()
+    resp = await ep.stub.Allocate(alloc(["fuse"]))
+    assert [d.name for d in resp.container_responses[0].cdi_devices] == ["nodeplug.io/fuse=fuse"]
+    assert json.loads((h.cdi_dir / "nodeplug.io-fuse.json").read_text())["devices"][0]["name"] == "fuse"
