@@ -404,14 +404,15 @@ class VolumeManager:
             for key, value in topology.items():
                 if key != TOPOLOGY_KEY or value != self.node_id:
                     return 0
-        try:
-            be = self._backend(self._resolve_backend("", parameters))
-        except FailedPrecondition:
-            return 0
         limit = self.config.max_volumes_per_node
         if limit and self.store.count_volumes() >= limit:
             return 0
-        be.ready()
+        try:
+            be = self._backend(self._resolve_backend("", parameters))
+            be.ready()
+        except FailedPrecondition as e:  # not enabled, or not usable (e.g. btrfs.path is not btrfs): nothing here
+            _log.warning("backend unavailable for GetCapacity", error=str(e))
+            return 0
         return be.free_bytes(self.store.list_volumes()[0])
 
     def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:
