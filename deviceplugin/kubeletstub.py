@@ -61,8 +61,14 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         self.kubelet.request_times.append(time.perf_counter())
         if self.kubelet.reject is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.reject)
+        # the checks kubelet's device manager makes before it dials the plugin
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
+        domain, sep, name = request.resource_name.partition("/")
+        if not sep or not domain or not name or domain.endswith("kubernetes.io"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource name {request.resource_name!r}")
+        if "/" in request.endpoint or not (self.kubelet.plugin_dir / request.endpoint).exists():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no socket {request.endpoint!r} in the plugin dir")
         await self.kubelet._connect(request)
         return api_pb2.Empty()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
@@ -472,3 +473,26 @@ async def test_cdi_dir_unwritable_then_fixed(h: Harness) -> None:
     resp = await ep.stub.Allocate(alloc(["fuse"]))
     assert [d.name for d in resp.container_responses[0].cdi_devices] == ["nodeplug.io/fuse=fuse"]
     assert json.loads((h.cdi_dir / "nodeplug.io-fuse.json").read_text())["devices"][0]["name"] == "fuse"
+
+
+async def test_rejected_registration_retries_with_backoff_and_logs_once(
+    h: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logging.getLogger("nodeplug"), "propagate", True)  # log.setup() elsewhere turns it off
+    h.mknod("/dev/fuse")
+    h.kubelet.reject = "device manager not ready"
+    await h.kubelet.start()
+    caplog.set_level(logging.INFO, logger="nodeplug.deviceplugin")
+    plugin = await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"]}]), kubelet=False)
+    await asyncio.sleep(0.5)  # attempts at about 0, 50, 150, 350 ms
+    errors = 'nodeplug_deviceplugin_registrations_total{resource="fuse",result="error"}'
+    text = plugin.ctx.metrics.render().decode()
+    attempts = float(next(line for line in text.splitlines() if line.startswith(errors)).split()[-1])
+    assert 3 <= attempts <= 6
+    warnings = [r for r in caplog.records if r.getMessage().startswith("not registered")]
+    assert len(warnings) == 1
+    assert not plugin.readiness().ready
+    h.kubelet.reject = None
+    await h.kubelet.wait_registered("nodeplug.io/fuse", timeout=3)
+    assert plugin.readiness().ready
+    assert [r.getMessage() for r in caplog.records].count("registered") == 1
