@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -91,10 +92,14 @@ def validate_name(field: str, name: str) -> str:
     return name
 
 
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
 def _mounted(path: str) -> bool:
+    """True when something is mounted at ``path`` (mount points in mountinfo escape space, tab, ... as octal)."""
     try:
         with open("/proc/self/mountinfo") as f:
-            return any(line.split()[4].replace("\\040", " ") == path for line in f)
+            return any(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4]) == path for line in f)
     except OSError:
         return False
 
@@ -156,13 +161,32 @@ class VolumeManager:
         """Freeze the staged, mounted ext4/xfs filesystems among ``volumes`` for the block."""
         points = []
         for v in volumes:
-            if v.access_type != "mount" or v.is_subvolume:
-                continue
             stage = self.store.get_stage(v.volume_id)
-            if stage and _mounted(stage.staging_path):
+            if stage is None or v.is_subvolume:
+                continue
+            if v.is_block:
+                if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
+                    fileops.flush_device(stage.device)
+            elif _mounted(stage.staging_path):
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
+
+    def thaw_all(self) -> list[str]:
+        """Thaw every staged filesystem; return the staging paths that were frozen.
+
+        A snapshot freezes a staged filesystem only while it copies, but an agent killed in that moment leaves it
+        frozen and every writer in the pod blocked: the plugin calls this once at start, before serving.
+        """
+        thawed = []
+        for rec in self.store.list_stages():
+            v = self.store.get_volume(rec.volume_id)
+            if v is None or v.is_block or v.is_subvolume or not _mounted(rec.staging_path):
+                continue
+            if fileops.thaw(rec.staging_path):
+                _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)
+                thawed.append(rec.staging_path)
+        return thawed
 
     def _in_use(self, v: Volume) -> bool:
         stage = self.store.get_stage(v.volume_id)
@@ -456,7 +480,11 @@ class VolumeManager:
             sid = derive_id("snap", name)
             with self.locks.hold(f"volume/{v.volume_id}", f"snapshot/{sid}"):
                 snap = self._cut([v], [(sid, name)], "")[0]
-            self.store.put_snapshot(snap)
+                try:
+                    self.store.put_snapshot(snap)
+                except BaseException:
+                    self._backend(snap.backend).delete_snapshot(snap)
+                    raise
         _log.info("snapshot created", snapshot_id=sid, volume_id=v.volume_id, bytes=snap.size_bytes)
         return snap
 

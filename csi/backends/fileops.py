@@ -234,6 +234,22 @@ def frozen(mount_points: list[str]) -> Iterator[None]:
             raise Internal("thawing after snapshot failed: " + "; ".join(errors))
 
 
+def thaw(mount_point: str) -> bool:
+    """Thaw the filesystem at ``mount_point``; True when it was frozen, False when it was not."""
+    try:
+        run(["fsfreeze", "-u", mount_point], timeout=FREEZE_TIMEOUT)
+    except CommandError as e:
+        if "Invalid argument" in e.stderr:  # EINVAL: it was not frozen
+            return False
+        raise Internal.from_command(e, f"thawing {mount_point}") from e
+    return True
+
+
+def flush_device(device: str) -> None:
+    """Write a block device's buffered data through to its backing file (``blockdev --flushbufs``)."""
+    cmd(["blockdev", "--flushbufs", device], FREEZE_TIMEOUT, f"flushing {device} before a snapshot")
+
+
 def is_under(path: Path, base: Path) -> bool:
     """True when ``path`` (resolved without following its last component) lies strictly inside ``base``."""
     try:

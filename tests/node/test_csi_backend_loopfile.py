@@ -215,3 +215,36 @@ def test_never_deletes_outside_the_data_dir(manager: VolumeManager, tmp_path: Pa
     with pytest.raises(Internal):
         fileops.remove_under(manager.data_dir / "volumes" / ".." / ".." / "precious.img", manager.data_dir)
     assert outside.read_bytes() == b"keep"
+
+
+def test_snapshot_of_a_staged_block_volume_flushes_the_device(manager: VolumeManager) -> None:
+    v = manager.create_volume("live-blk", CapacityRange(8 * MIB), "block", "", "", {})
+    dev = loopdev.attach(Path(v.path))
+    try:
+        manager.store.put_stage(StageRecord(v.volume_id, "/var/lib/kubelet/staging/blk", dev))
+        fd = os.open(dev, os.O_WRONLY)  # held open like a pod's (the last close would flush by itself)
+        try:
+            os.pwrite(fd, b"buffered-marker", 3 * MIB)  # in the device's page cache, not yet in the file
+            s = manager.create_snapshot("live-blk-snap", v.volume_id, {})
+        finally:
+            os.close(fd)
+        with open(s.path, "rb") as f:
+            f.seek(3 * MIB)
+            assert f.read(15) == b"buffered-marker"
+    finally:
+        manager.store.delete_stage(v.volume_id)
+        loopdev.detach(dev)
+
+
+def test_thaw_all_after_a_crash_while_frozen(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
+) -> None:
+    v = manager.create_volume("frozen", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    staging = tmp_path / "kubelet" / "st aging"  # a space: escaped as \040 in mountinfo
+    with mounted(v, staging, mounts) as m:
+        manager.store.put_stage(StageRecord(v.volume_id, str(staging), ""))
+        sh("fsfreeze", "-f", str(m))  # as if the agent died in the middle of a snapshot
+        assert manager.thaw_all() == [str(staging)]
+        (m / "writable").write_text("again")
+        assert manager.thaw_all() == []  # nothing frozen: nothing to do
+        manager.store.delete_stage(v.volume_id)
