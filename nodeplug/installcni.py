@@ -267,6 +267,18 @@ def _smoke_test(launcher: Path) -> None:
         raise InstallError(f"{launcher}: unexpected VERSION answer {out.strip()!r}")
 
 
+def _remove_leftovers(layout: Layout) -> None:
+    """Temp files and directories of an install that crashed (only names this module makes)."""
+    for stale in layout.bundles.glob(".tmp-*") if layout.bundles.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+    for pattern, d in ((f".{LINK_NAME}.tmp-*", layout.bin_dir), (f".{layout.conflist_name}.tmp-*", layout.conf_dir)):
+        for stale in d.glob(pattern) if d.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+    for stale in layout.bin_dir.glob(f".{BUNDLE_DIR}.removing-*") if layout.bin_dir.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Any = print) -> bool:
     """Install ``bundle`` as ``<bin>/nodeplug``; True when something changed."""
     if not (bundle / LAUNCHER).is_file() or not os.access(bundle / LAUNCHER, os.X_OK):
@@ -283,8 +295,7 @@ def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Any =
         current = None
     bid = bundle_id(bundle)
     layout.bundles.mkdir(mode=0o755, exist_ok=True)
-    for stale in layout.bundles.glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_leftovers(layout)
     dest = layout.bundles / bid
     changed = False
     if dest.exists() and bundle_id(dest) != bid:
@@ -333,6 +344,7 @@ def install_conflist(conf: dict[str, Any], layout: Layout, force: bool = False, 
 
 def uninstall(layout: Layout, say: Any = print) -> bool:
     """Remove the symlink, nodeplug.d/ and our conflist; leave anything that is not ours (and say so)."""
+    _remove_leftovers(layout)
     changed = False
     try:
         if _link_target(layout) is not None:
