@@ -15,11 +15,10 @@ stdout carries exactly one result or spec error JSON, and the exit status is 0 o
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from cni import versions
+from cni import thick, versions
 from cni.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
@@ -36,7 +35,7 @@ def _route(stdin: bytes) -> tuple[str, float, str] | None:
     standalone path then reports the precise error)."""
     try:
         text = stdin.decode()
-        conf = json.loads(text)
+        conf = thick.loads(text)
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(conf, dict):
@@ -80,16 +79,14 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
     if command == "VERSION":
         requested = None
         try:
-            v = json.loads(stdin).get("cniVersion") if stdin.strip() else None
+            v = thick.loads(stdin.decode()).get("cniVersion") if stdin.strip() else None
             requested = v if isinstance(v, str) else None
         except (ValueError, AttributeError, UnicodeDecodeError):
             pass
-        stdout.write(json.dumps(versions.version_info(requested)))
+        stdout.write(thick.dumps(versions.version_info(requested)))
         return 0
     route = _route(stdin) if env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0") else None
     if route is not None and command:
-        from cni import thick  # socket: not needed for VERSION
-
         path, timeout, text = route
         cni_env = {k: v for k, v in env.items() if k.startswith("CNI_")}
         try:
@@ -107,7 +104,7 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
 
 def _version_of(text: str) -> str:
     try:
-        v = json.loads(text).get("cniVersion")
+        v = thick.loads(text).get("cniVersion")
     except (ValueError, AttributeError):
         return versions.LATEST
     return v if isinstance(v, str) and v in versions.SUPPORTED else versions.LATEST

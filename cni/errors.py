@@ -11,8 +11,6 @@ This module is on the entry point's start-up path: standard library only.
 
 from __future__ import annotations
 
-import json
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
 if TYPE_CHECKING:
     from typing import Any
@@ -76,6 +74,8 @@ class CniError(Exception):
         return out
 
     def to_json(self, cni_version: str = "1.1.0") -> str:
+        import json  # only when an error is printed: keeps json off the entry point's start-up path
+
         return json.dumps(self.to_dict(cni_version))
 
     @classmethod

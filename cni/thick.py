@@ -13,15 +13,11 @@ runs nothing until it has GO, so an abandoned request is never also done by the 
 waits for the answer; if the agent dies before answering the client reports code 11 (try again later) instead of
 redoing half-done work. The netns travels by path (``CNI_NETNS``), which the agent resolves in the host's view.
 
-The client half is standard library only (``socket``, ``json``, ``struct``): it is on the entry point's start-up
-path. The server half (:func:`read_frame_async`) takes asyncio streams but does not import asyncio itself.
+The client half is standard library only and lean (see "lean JSON" below): it is on the entry point's start-up path.
+The server half (:func:`read_frame_async`) takes asyncio streams but does not import asyncio itself.
 """
 
 from __future__ import annotations
-
-import json
-import socket
-import struct
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
 if TYPE_CHECKING:
@@ -35,7 +31,77 @@ MAX_FRAME = 1 << 20
 CONNECT_TIMEOUT = 1.0
 ACK_TIMEOUT = 2.0
 REPLY_TIMEOUT = 300.0
-_LEN = struct.Struct(">I")
+
+
+# ---------------------------------------------------------------- lean JSON
+# The entry point's whole job in thick mode is a few hundred bytes of JSON and one socket round trip, so its start-up
+# cost is mostly imports: ``json`` brings ``re`` and ``enum``, ``socket`` brings ``enum``, together about as much as
+# the interpreter's own start. The client therefore uses the C halves directly: ``_json`` (scanner and string
+# encoder) and ``_socket``. Where ``_json`` is missing (another interpreter) the ``json`` module is used instead.
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads from a JSONDecoder: strict JSON, plain dicts, no NaN/Infinity."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_primitives() -> tuple[Any, Any]:
+    try:
+        import _json
+
+        ctx: Any = _ScanContext()
+        return _json.make_scanner(ctx), _json.encode_basestring_ascii
+    except (ImportError, AttributeError):  # pragma: no cover - CPython always has _json
+        import json
+
+        return json.JSONDecoder().raw_decode, json.dumps
+
+
+_scan, _quote = _json_primitives()
+
+_WS = " \t\n\r"
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` for a str, strict; ValueError on anything that is not exactly one JSON value."""
+    stripped = text.strip(_WS)
+    try:
+        obj, end = _scan(stripped, 0)
+    except StopIteration:
+        raise ValueError("not a JSON document") from None
+    if end != len(stripped):
+        raise ValueError(f"extra data after the JSON value at character {end}")
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON for the client's messages: str, int, float, bool, None, lists and dicts of them."""
+    if isinstance(obj, str):
+        return str(_quote(obj))
+    if obj is None:
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
+    if isinstance(obj, int):
+        return str(obj)
+    if isinstance(obj, float):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{_quote(str(k))}:{dumps(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(dumps(v) for v in obj) + "]"
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
 
 
 class ProtocolError(Exception):
@@ -47,13 +113,13 @@ class AgentLost(Exception):
 
 
 def encode_frame(obj: Any) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    return _LEN.pack(len(body)) + body
+    body = dumps(obj).encode()
+    return len(body).to_bytes(4, "big") + body
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(body)
+        obj = loads(body.decode())
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"frame is not JSON: {e}") from None
     if not isinstance(obj, dict):
@@ -61,7 +127,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return obj
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: Any, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -71,16 +137,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket, max_size: int = MAX_FRAME) -> dict[str, Any]:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+def read_frame(sock: Any, max_size: int = MAX_FRAME) -> dict[str, Any]:
+    n = int.from_bytes(_recv_exact(sock, 4), "big")
     if n > max_size:
         raise ProtocolError(f"frame of {n} bytes exceeds the limit of {max_size}")
     return decode_body(_recv_exact(sock, n))
 
 
 async def read_frame_async(reader: asyncio.StreamReader, max_size: int = MAX_FRAME) -> dict[str, Any]:
-    head = await reader.readexactly(_LEN.size)
-    (n,) = _LEN.unpack(head)
+    n = int.from_bytes(await reader.readexactly(4), "big")
     if n > max_size:
         raise ProtocolError(f"frame of {n} bytes exceeds the limit of {max_size}")
     return decode_body(await reader.readexactly(n))
@@ -107,7 +172,9 @@ def call(
     """Have the agent at ``path`` run the invocation: (exit status, stdout), or None when the agent is not there
     (no socket, refused, no ACK in time) and the caller should do the work itself. Raises :class:`AgentLost` when
     the agent accepted the work and then failed to answer."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    import _socket  # the C module: socket.py would add enum to the start-up path
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.settimeout(connect_timeout)
         try:

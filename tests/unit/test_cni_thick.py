@@ -219,21 +219,21 @@ def test_oversized_and_garbage_requests_are_dropped(tmp_root: Path) -> None:
 
 
 _PROBE = """
-import io, json, sys
+import io, sys
 from cni import entry
-env = json.loads(sys.argv[1])
+env = dict(arg.split("=", 1) for arg in sys.argv[2:])
 out = io.StringIO()
-code = entry.run(env, io.BytesIO(sys.argv[2].encode()), out)
-heavy = [m for m in ("pyroute2", "grpc", "pydantic", "prometheus_client", "cni.dataplane", "cni.commands", "asyncio")
-         if m in sys.modules]
+code = entry.run(env, io.BytesIO(sys.argv[1].encode()), out)
+heavy = [m for m in ("pyroute2", "grpc", "pydantic", "prometheus_client", "cni.dataplane", "cni.commands", "asyncio",
+                     "json", "socket", "typing") if m in sys.modules]
+import json  # only now: the probe's own output
 print(json.dumps({"code": code, "out": out.getvalue(), "heavy": heavy}))
 """
 
 
 def probe(env: dict[str, str], stdin: dict[str, Any]) -> dict[str, Any]:
-    p = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(env), json.dumps(stdin)], capture_output=True, text=True, timeout=30
-    )
+    argv = [sys.executable, "-c", _PROBE, json.dumps(stdin), *(f"{k}={v}" for k, v in env.items())]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     return dict(json.loads(p.stdout))
 
@@ -249,3 +249,26 @@ async def test_thick_mode_add_imports_nothing_heavy(agent: tuple[CniPlugin, Slow
     got = await asyncio.to_thread(probe, ENV, conf(sock))
     assert got["code"] == 0 and handler.spans
     assert got["heavy"] == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"cniVersion": "1.0.0", "name": "n", "ipam": {"ranges": [[{"subnet": "10.0.0.0/24"}]]}, "mtu": 1400},
+        {"s": 'quote " backslash \\ newline \n tab \t nul \x00 unicode é 中 \U0001f600', "f": 1.5, "neg": -3},
+        {"t": True, "f": False, "n": None, "e": [], "o": {}},
+        [1, "two", [3.25, {"four": None}]],
+        "plain",
+    ],
+)
+def test_lean_json_matches_the_json_module(value: Any) -> None:
+    text = thick.dumps(value)
+    assert json.loads(text) == value
+    assert thick.loads(text) == value
+    assert thick.loads(json.dumps(value, indent=2)) == value
+
+
+@pytest.mark.parametrize("text", ["", "   ", "{", '{"a": 1} x', "[1,]", "NaN", '{"a": Infinity}', "{'a': 1}", '"\\x"'])
+def test_lean_json_rejects_what_json_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        thick.loads(text)
