@@ -65,7 +65,8 @@ class ResourceRuntime:
         self.registered = False
         self._server: UnixGrpcServer | None = None
         self._socket_id: Identity | None = None
-        self._kubelet_id: Identity | None = None
+        self._kubelet_id: Identity | None = None  # the kubelet.sock we registered with
+        self._kubelet_seen: Identity | None = None  # the kubelet.sock seen at the last sync
         self._kick = asyncio.Event()
         self._health_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -226,9 +227,13 @@ class ResourceRuntime:
             await self._serve()
             self._kick.set()
         current = identity(self.kubelet_socket)
-        if current != self._kubelet_id and (self.registered or current is not None):
-            self.registered = False
-            self._reg_state = "kubelet.sock changed"
+        if current == self._kubelet_seen:
+            return
+        self._kubelet_seen = current
+        if current != self._kubelet_id:  # kubelet restarted (or went away): register with the new one
+            if self.registered:
+                self.registered = False
+                self._reg_state = ""  # log the outcome of the next attempt, whatever it is
             self._kick.set()
 
     def kick(self) -> None:
