@@ -16,8 +16,10 @@ idempotent). New subvolumes are built under a temporary name and renamed into pl
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,6 +33,33 @@ from nodeplug.log import get_logger
 _log = get_logger("csi")
 BTRFS_TIMEOUT = 120.0
 _SUBVOL_ID = re.compile(r"^\s*Subvolume ID:\s*(\d+)\s*$", re.M)
+
+
+# BTRFS_IOC_INO_LOOKUP = _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args {u64 treeid; u64 objectid; char[4080]})
+_IOC_INO_LOOKUP = 0xD0009412
+_FIRST_FREE_OBJECTID = 256  # the inode number of every subvolume's root directory
+
+
+def subvolume_id(path: Path) -> int:
+    """The id (qgroup 0/<id>) of the subvolume whose root is ``path``; 0 when it is not one (or is gone).
+
+    Asked of the kernel with the INO_LOOKUP ioctl rather than parsed from ``btrfs subvolume list``, whose paths are
+    relative to the filesystem's top level and so depend on how the filesystem is mounted.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        if os.fstat(fd).st_ino != _FIRST_FREE_OBJECTID:
+            return 0
+        buf = bytearray(struct.pack("=QQ", 0, _FIRST_FREE_OBJECTID) + bytes(4080))
+        fcntl.ioctl(fd, _IOC_INO_LOOKUP, buf)
+        return int(struct.unpack_from("=Q", buf)[0])
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
 
 
 def btrfs(*args: str, doing: str = "") -> str:
@@ -73,17 +102,6 @@ class BtrfsBackend:
             return ""
         return self.files.supports(access_type, fs_type)
 
-    def _subvolume_ids(self) -> dict[str, int]:
-        """Subvolume path (absolute) -> id, for every subvolume of the filesystem."""
-        out = btrfs("subvolume", "list", str(self.mount_point), doing="listing subvolumes")
-        ids: dict[str, int] = {}
-        for line in out.splitlines():
-            parts = line.split(" path ", 1)
-            fields = parts[0].split()
-            if len(parts) == 2 and len(fields) >= 2 and fields[0] == "ID":
-                ids[str(self.mount_point / parts[1].strip())] = int(fields[1])
-        return ids
-
     def _referenced(self) -> dict[int, int]:
         """qgroup 0/<id> -> referenced bytes."""
         out = btrfs("qgroup", "show", "--raw", str(self.mount_point), doing="reading qgroup usage")
@@ -100,9 +118,10 @@ class BtrfsBackend:
         promised = 0
         subvols = [v for v in vols if v.is_subvolume]
         if subvols:
-            ids, used = self._subvolume_ids(), self._referenced()
+            used = self._referenced()
             for v in subvols:
-                promised += max(0, v.capacity_bytes - used.get(ids.get(v.path, -1), 0))
+                sid = subvolume_id(Path(v.path))
+                promised += max(0, v.capacity_bytes - (used.get(sid, 0) if sid else 0))
         for v in vols:
             if not v.is_subvolume:
                 promised += max(0, v.capacity_bytes - fileops.allocated_bytes(Path(v.path)))
@@ -111,6 +130,9 @@ class BtrfsBackend:
     # ------------------------------------------------------------ subvolume helpers
 
     def _subvolume_id(self, path: Path) -> int:
+        sid = subvolume_id(path)
+        if sid:
+            return sid
         out = btrfs("subvolume", "show", str(path), doing=f"reading subvolume {path.name}")
         m = _SUBVOL_ID.search(out)
         if not m:

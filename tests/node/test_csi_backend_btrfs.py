@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from csi.backends import fileops
-from csi.backends.btrfs import BtrfsBackend
+from csi.backends.btrfs import BtrfsBackend, subvolume_id
 from csi.config import Config
 from csi.errors import FailedPrecondition
 from csi.model import VolumeSource
@@ -64,7 +64,9 @@ def write(path: Path, nbytes: int, chunk: bytes | None = None) -> None:
 def test_subvolume_size_is_enforced_and_expansion_raises_it(manager: VolumeManager) -> None:
     v = manager.create_volume("pvc", CapacityRange(32 * MIB), "mount", "", "", {})
     assert v.backend == "btrfs" and v.fs_type == "btrfs" and v.is_subvolume
-    assert "ID" in sh("btrfs", "subvolume", "show", v.path)
+    sid = subvolume_id(Path(v.path))
+    assert f"Subvolume ID: {sid}" in " ".join(sh("btrfs", "subvolume", "show", v.path).split())
+    assert subvolume_id(Path(v.path).parent) == 0  # a plain directory
     write(Path(v.path) / "fits", 16 * MIB)
     with pytest.raises(OSError) as e:
         write(Path(v.path) / "too-much", 48 * MIB)
