@@ -8,7 +8,9 @@ Behaviour follows the reference ``bridge`` plugin:
 
 - created with ``mtu`` and a fixed random MAC (a bridge without a set MAC takes the lowest of its ports', so the pods'
   gateway neighbour entry would go stale whenever a port comes or goes);
-- ``promiscMode`` sets IFF_PROMISC; ``vlan`` turns on VLAN filtering;
+- ``promiscMode`` sets IFF_PROMISC; ``vlan`` turns on VLAN filtering and, with ``isGateway``, makes the VLAN the
+  bridge's own PVID so the gateway addresses are reachable from the VLAN (the reference plugin puts them on a
+  ``<bridge>.<vlan>`` 802.1Q link instead; that needs CONFIG_VLAN_8021Q, this does not);
 - ``isGateway``: each IPConfig's gateway, with the address's prefix, is put on the bridge (IPv6 without DAD). Without
   ``forceAddress`` another IPv4 address (or an overlapping IPv6 one) on the bridge is an error naming both; with it,
   that address is replaced.
@@ -35,6 +37,7 @@ from cni.dataplane.nl import (
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface, IPConfig
+from nodeplug.commands import CommandError, run
 
 IPIface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -70,6 +73,8 @@ def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
             raise nl_error(f"bring bridge {name} up", e) from None
     if conf.vlan:
         _ensure_vlan_filtering(ipr, name, index, msg)
+        if conf.is_gateway:
+            _bridge_self_in_vlan(name, conf.vlan)
     if conf.is_gateway:
         gateways = gateway_addresses(ips)
         if gateways:
@@ -127,3 +132,12 @@ def _ensure_vlan_filtering(ipr: Any, name: str, index: int, msg: Any) -> None:
                 "CONFIG_BRIDGE_VLAN_FILTERING",
             ) from None
         raise nl_error(f"turn on VLAN filtering on bridge {name}", e) from None
+
+
+def _bridge_self_in_vlan(name: str, vlan: int) -> None:
+    """With VLAN filtering the bridge's own addresses (the gateways) live in its PVID: make that ``vlan``, untagged,
+    so the pods of the VLAN reach them. (One gateway VLAN per bridge; idempotent.)"""
+    try:
+        run(["bridge", "vlan", "add", "vid", str(vlan), "dev", name, "self", "pvid", "untagged"], timeout=10)
+    except CommandError as e:
+        raise CniError(DATAPLANE, details=f"vlan: put bridge {name} itself into VLAN {vlan}: {e}") from None
