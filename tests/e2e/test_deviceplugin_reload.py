@@ -7,11 +7,9 @@ import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from deviceplugin.config import Config
 from deviceplugin.doctor import checks
 from deviceplugin.kubeletstub import FakeKubelet
 from deviceplugin.plugin import DevicePlugin, create
+from deviceplugin.testing import FakeHost, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.checks import CheckFailed, CheckSkipped
 from nodeplug.config import ConfigError, parse
@@ -38,17 +37,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def short() -> Any:
-    # unix socket paths are limited to 107 bytes: pytest's tmp_path is too deep for the device-plugins directory
-    d = Path(tempfile.mkdtemp(prefix="npdp-"))
+def short() -> Iterator[Path]:
+    d = short_tempdir()  # unix socket paths must stay under 108 bytes
     yield d
     shutil.rmtree(d)
 
 
 def mknod(host: Path, path: str) -> None:
-    p = host / path.lstrip("/")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    os.mknod(p, stat.S_IFCHR | 0o666, NULL)
+    FakeHost(host).node(path)
 
 
 def section(host: Path, resources: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,7 +61,6 @@ async def running(short: Path) -> AsyncIterator[tuple[Path, AgentContext, FakeKu
     host = short / "host"
     for node in ("/dev/fuse", "/dev/net/tun", "/dev/ttyUSB0"):
         mknod(host, node)
-    (host / "sys").mkdir()
     ctx = AgentContext(root=Root(short / "root"))
     kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
     await kubelet.start()

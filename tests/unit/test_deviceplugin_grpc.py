@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,30 +18,21 @@ import pytest
 from deviceplugin.config import Config
 from deviceplugin.kubeletstub import FakeKubelet
 from deviceplugin.plugin import DevicePlugin, create
+from deviceplugin.testing import FakeHost, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
 
 
-def fake_pci(host: Path, addr: str, numa: int, group: int, node: bool = True) -> None:
-    d = host / "sys/devices/pci0000:00" / addr
-    d.mkdir(parents=True)
-    for name, text in {"vendor": "0x10de", "device": "0x2330", "class": "0x030200", "numa_node": str(numa)}.items():
-        (d / name).write_text(text + "\n")
-    g = host / f"sys/kernel/iommu_groups/{group}"
-    g.mkdir(parents=True)
-    (d / "iommu_group").symlink_to(os.path.relpath(g, d))
-    link = host / "sys/bus/pci/devices" / addr
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(os.path.relpath(d, link.parent))
-    if node:
-        (host / "dev/vfio").mkdir(parents=True, exist_ok=True)
-        (host / f"dev/vfio/{group}").write_text("")
+def fake_pci(fake: FakeHost, addr: str, numa: int, group: int) -> None:
+    fake.pci(addr, "10de", "2330", "030200", numa, group)
+    fake.file(f"/dev/vfio/{group}")  # plain files: only their presence is checked for PCI nodes
 
 
 class Setup:
     def __init__(self, base: Path) -> None:
-        self.host = base / "host"
+        self.fake = FakeHost(base / "host")
+        self.host = self.fake.root
         self.ctx = AgentContext(root=Root(base / "root"))
         self.kubelet = FakeKubelet(self.ctx.root(DEVICE_PLUGIN_DIR))
         self.plugin: DevicePlugin | None = None
@@ -50,10 +40,10 @@ class Setup:
 
 @pytest.fixture
 async def s() -> AsyncIterator[Setup]:
-    base = Path(tempfile.mkdtemp(prefix="npdp-"))  # unix socket paths must stay under 108 bytes
+    base = short_tempdir()  # unix socket paths must stay under 108 bytes
     setup = Setup(base)
     for i, (numa, group) in enumerate([(0, 10), (0, 11), (1, 20), (1, 21)]):
-        fake_pci(setup.host, f"0000:0{i}:00.0", numa, group)
+        fake_pci(setup.fake, f"0000:0{i}:00.0", numa, group)
     await setup.kubelet.start()
     cfg = Config.model_validate(
         {"host_root": str(setup.host), "resources": [{"name": "gpu", "pci": [{"vendor": "10de"}], "cdi": True}]}
@@ -107,7 +97,7 @@ async def test_register_list_prefer_allocate_restart(s: Setup) -> None:
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "0000:03:00.0 (device node missing: /dev/vfio/21)" in (e.value.details() or "")
 
-    fake_pci(s.host, "0000:04:00.0", 1, 30)  # PCI hotplug on the fake tree
+    fake_pci(s.fake, "0000:04:00.0", 1, 30)  # PCI hotplug on the fake tree
     await ep.wait_listing(lambda listing: len(listing) == 5, 1)
 
     await s.kubelet.restart()

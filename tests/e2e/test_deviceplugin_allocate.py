@@ -1,0 +1,156 @@
+"""Allocate and PreStartContainer as kubelet calls them: device specs, mounts and envs, CDI specs and names,
+bad IDs named in the error with no partial answer, reset commands.
+
+Driven as kubelet drives the plugin: a kubelet stand-in (v1beta1 Registration server from the generated stubs) on a
+temp ``kubelet.sock``, real device nodes made with mknod in a temp host root, a fake sysfs for PCI and NUMA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from deviceplugin.testing import Harness, ids, short_tempdir
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes device nodes with mknod"),
+]
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    harness = Harness(short_tempdir())
+    try:
+        yield harness
+    finally:
+        await harness.close()
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert leftover == [], f"tasks left behind: {leftover}"
+
+
+def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
+    )
+
+
+async def test_allocate_device_specs_mounts_and_envs(h: Harness) -> None:
+    for i in range(3):
+        h.mknod(f"/dev/dri/renderD{128 + i}")
+    res = {
+        "name": "gpu",
+        "devices": ["/dev/dri/renderD*"],
+        "permissions": "rwm",
+        "mounts": [{"host_path": "/usr/share/gpu", "container_path": "/opt/gpu", "read_only": False}],
+        "env": {"GPU_MODE": "compute"},
+    }
+    await h.start(h.config([res]))
+    ep = await h.ep("gpu")
+    assert ids(ep.latest) == ["dri-renderD128", "dri-renderD129", "dri-renderD130"]
+    resp = await ep.stub.Allocate(alloc(["dri-renderD130", "dri-renderD128"], ["dri-renderD129"]))
+    first, second = resp.container_responses
+    assert [(d.host_path, d.container_path, d.permissions) for d in first.devices] == [
+        ("/dev/dri/renderD130", "/dev/dri/renderD130", "rwm"),
+        ("/dev/dri/renderD128", "/dev/dri/renderD128", "rwm"),
+    ]
+    assert [(m.host_path, m.container_path, m.read_only) for m in first.mounts] == [
+        ("/usr/share/gpu", "/opt/gpu", False)
+    ]
+    assert dict(first.envs) == {"GPU_MODE": "compute", "NODEPLUG_GPU_DEVICES": "dri-renderD130,dri-renderD128"}
+    assert dict(second.envs)["NODEPLUG_GPU_DEVICES"] == "dri-renderD129"
+    assert list(first.cdi_devices) == []
+
+
+async def test_allocate_with_cdi_writes_the_spec(h: Harness) -> None:
+    h.mknod("/dev/ttyUSB0")
+    h.mknod("/dev/ttyUSB1")
+    res = {"name": "serial", "devices": ["/dev/ttyUSB*"], "cdi": True, "replicas": 2, "env": {"BAUD": "9600"}}
+    await h.start(h.config([res]))
+    ep = await h.ep("serial")
+    spec_path = h.cdi_dir / "nodeplug.io-serial.json"
+    spec = json.loads(spec_path.read_text())
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "nodeplug.io/serial"
+    assert [d["name"] for d in spec["devices"]] == ["ttyUSB0::0", "ttyUSB0::1", "ttyUSB1::0", "ttyUSB1::1"]
+    assert spec["devices"][2]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/ttyUSB1", "hostPath": "/dev/ttyUSB1", "permissions": "rw"}
+    ]
+    assert spec["containerEdits"] == {"env": ["BAUD=9600"]}
+    resp = await ep.stub.Allocate(alloc(["ttyUSB1::0", "ttyUSB0::1"]))
+    (c,) = resp.container_responses
+    assert [d.name for d in c.cdi_devices] == ["nodeplug.io/serial=ttyUSB1::0", "nodeplug.io/serial=ttyUSB0::1"]
+    assert list(c.devices) == [] and dict(c.envs) == {"NODEPLUG_SERIAL_DEVICES": "ttyUSB1::0,ttyUSB0::1"}
+    h.mknod("/dev/ttyUSB2")  # hotplug: the spec follows
+    await ep.wait_listing(lambda listing: len(listing) == 6, 1)
+    assert "ttyUSB2::1" in [d["name"] for d in json.loads(spec_path.read_text())["devices"]]
+    spec_path.unlink()  # someone removed it: Allocate writes it again before answering
+    await ep.stub.Allocate(alloc(["ttyUSB2::1"]))
+    assert spec_path.exists()
+    assert [p.name for p in h.cdi_dir.iterdir()] == ["nodeplug.io-serial.json"]
+
+
+async def test_cdi_dir_unwritable_then_fixed(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    h.cdi_dir.parent.mkdir(parents=True)
+    h.cdi_dir.write_text("")  # a file where the CDI directory should be: every write fails
+    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "cdi": True}]))
+    ep = await h.ep("fuse")  # serving and registered all the same
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.Allocate(alloc(["fuse"]))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and str(h.cdi_dir) in (e.value.details() or "")
+    h.cdi_dir.unlink()
+    resp = await ep.stub.Allocate(alloc(["fuse"]))
+    assert [d.name for d in resp.container_responses[0].cdi_devices] == ["nodeplug.io/fuse=fuse"]
+    assert json.loads((h.cdi_dir / "nodeplug.io-fuse.json").read_text())["devices"][0]["name"] == "fuse"
+
+
+async def test_allocate_rejects_unknown_and_duplicate_ids_with_no_partial_answer(h: Harness) -> None:
+    h.mknod("/dev/ttyUSB0")
+    h.mknod("/dev/ttyUSB1")
+    await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"]}]))
+    ep = await h.ep("serial")
+    cases = [
+        (alloc(["ttyUSB0"], ["ttyUSB7", "ttyUSB9"]), grpc.StatusCode.INVALID_ARGUMENT,
+         "container_requests[1]: unknown device IDs: ttyUSB7, ttyUSB9"),
+        (alloc(["ttyUSB0", "ttyUSB1", "ttyUSB0"]), grpc.StatusCode.INVALID_ARGUMENT,
+         "container_requests[0]: duplicate device IDs: ttyUSB0"),
+        (alloc([]), grpc.StatusCode.INVALID_ARGUMENT, "no device IDs"),
+        (api_pb2.AllocateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "no container_requests"),
+    ]  # fmt: skip
+    for req, code, text in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await ep.stub.Allocate(req)
+        assert e.value.code() == code
+        assert text in (e.value.details() or ""), e.value.details()
+
+
+async def test_prestart_runs_the_reset_command(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    marks = h.tmp / "marks"
+    marks.mkdir()
+    reset = {"command": ["touch", str(marks / "reset-{id}")], "timeout_seconds": 5}
+    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "replicas": 2, "reset": reset}]))
+    ep = await h.ep("fuse")
+    assert ep.options is not None and ep.options.pre_start_required
+    await ep.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["fuse::0", "fuse::1"]))
+    assert [p.name for p in marks.iterdir()] == ["reset-fuse"]  # once per physical device
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["nope"]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nope" in (e.value.details() or "")
+
+
+async def test_prestart_reset_failure_is_an_error(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    reset = {"command": ["false"]}
+    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "reset": reset}]))
+    ep = await h.ep("fuse")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["fuse"]))
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "command 'false' exited with status 1" in (e.value.details() or "")

@@ -1,0 +1,201 @@
+"""What kubelet sees of the devices: hotplug on /dev and a fake sysfs, health both ways (node presence and
+health commands), NUMA topology and GetPreferredAllocation, which changes re-scan which resources.
+
+Driven as kubelet drives the plugin: a kubelet stand-in (v1beta1 Registration server from the generated stubs) on a
+temp ``kubelet.sock``, real device nodes made with mknod in a temp host root, a fake sysfs for PCI and NUMA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from deviceplugin.testing import Harness, health, ids, short_tempdir
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes device nodes with mknod"),
+]
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    harness = Harness(short_tempdir())
+    try:
+        yield harness
+    finally:
+        await harness.close()
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert leftover == [], f"tasks left behind: {leftover}"
+
+
+def hca(h: Harness, addr: str, numa: int, group: int) -> None:
+    h.fake.pci(addr, "15b3", "101b", "020700", numa, group)
+
+
+def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
+    )
+
+
+async def test_hotplug_add_and_remove_seen_on_the_stream(h: Harness) -> None:
+    h.mknod("/dev/ttyUSB0")
+    await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"], "forget_after_seconds": 0}]))
+    ep = await h.ep("serial")
+    assert ids(ep.latest) == ["ttyUSB0"]
+    t0 = time.monotonic()
+    h.mknod("/dev/ttyUSB1")
+    await ep.wait_listing(lambda listing: ids(listing) == ["ttyUSB0", "ttyUSB1"], timeout=1)
+    assert time.monotonic() - t0 < 0.1 + 0.05
+    before = len(ep.listings)
+    for i in range(2, 12):  # a burst is debounced into one or two updates, not ten
+        h.mknod(f"/dev/ttyUSB{i}")
+    await ep.wait_listing(lambda listing: len(listing) == 12, timeout=1)
+    assert len(ep.listings) - before <= 3
+    assert ids(ep.latest)[-3:] == ["ttyUSB9", "ttyUSB10", "ttyUSB11"]  # natural order
+    os.unlink(h.host / "dev/ttyUSB0")
+    await ep.wait_listing(lambda listing: "ttyUSB0" not in ids(listing), timeout=1)
+
+
+async def test_vanished_node_is_unhealthy_and_healthy_again(h: Harness) -> None:
+    node = h.mknod("/dev/ttyUSB0")
+    h.mknod("/dev/ttyUSB1")
+    plugin = await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"]}]))
+    ep = await h.ep("serial")
+    os.unlink(node)
+    await ep.wait_listing(lambda listing: health(listing) == {"ttyUSB0": "Unhealthy", "ttyUSB1": "Healthy"}, 1)
+    metrics = plugin.ctx.metrics.render().decode()
+    assert 'nodeplug_deviceplugin_devices{health="Unhealthy",resource="serial"} 1.0' in metrics
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.Allocate(alloc(["ttyUSB0"]))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "ttyUSB0 (device is gone from the node)" in (e.value.details() or "")
+    h.mknod("/dev/ttyUSB0")
+    await ep.wait_listing(lambda listing: health(listing) == {"ttyUSB0": "Healthy", "ttyUSB1": "Healthy"}, 1)
+    await ep.stub.Allocate(alloc(["ttyUSB0"]))
+
+
+async def test_health_command_flips_both_ways_and_times_out(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    flag = h.tmp / "ok-fuse"
+    flag.write_text("")
+    cmd = {"command": ["test", "-e", str(h.tmp / "ok-{id}")], "interval_seconds": 0.05, "timeout_seconds": 2}
+    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "health": cmd}]))
+    ep = await h.ep("fuse")
+    await ep.wait_listing(lambda listing: health(listing) == {"fuse": "Healthy"}, 2)
+    flag.unlink()
+    await ep.wait_listing(lambda listing: health(listing) == {"fuse": "Unhealthy"}, 2)
+    flag.write_text("")
+    await ep.wait_listing(lambda listing: health(listing) == {"fuse": "Healthy"}, 2)
+
+
+async def test_health_command_timeout_is_unhealthy(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    cmd = {"command": ["sleep", "5"], "interval_seconds": 0.05, "timeout_seconds": 0.1}
+    plugin = await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "health": cmd}]))
+    ep = await h.ep("fuse")
+    assert ep.latest == [("fuse", "Unhealthy", ())]  # not checked yet: never offered unchecked
+    table = plugin.resources["fuse"].table
+    for _ in range(100):
+        if "timed out" in table.reason("fuse"):
+            break
+        await asyncio.sleep(0.02)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await ep.stub.Allocate(alloc(["fuse"]))
+    assert "timed out after 0.1s" in (e.value.details() or "")
+
+
+async def test_pci_numa_topology_and_preferred_allocation(h: Harness) -> None:
+    layout = {"0000:17:00.0": (0, 10), "0000:17:00.1": (0, 11), "0000:b3:00.0": (1, 20), "0000:b3:00.1": (1, 21)}
+    for addr, (numa, group) in layout.items():
+        hca(h, addr, numa, group)
+        h.mknod(f"/dev/vfio/{group}")
+    h.mknod("/dev/vfio/vfio")
+    res = {
+        "name": "hca",
+        "pci": [{"vendor": "15b3", "class_prefix": "0207"}],
+        "nodes": ["/dev/vfio/vfio"],
+        "replicas": 2,
+    }
+    await h.start(h.config([res]))
+    ep = await h.ep("hca")
+    assert ep.latest[0] == ("0000:17:00.0::0", "Healthy", (0,))
+    assert ep.latest[-1] == ("0000:b3:00.1::1", "Healthy", (1,))
+    avail = ids(ep.latest)
+
+    async def prefer(available: list[str], must: list[str], size: int) -> list[str]:
+        req = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
+                )
+            ]
+        )
+        resp = await ep.stub.GetPreferredAllocation(req)
+        return list(resp.container_responses[0].deviceIDs)
+
+    # must_include on NUMA 1: stay on NUMA 1, on distinct physical devices
+    assert await prefer(avail, ["0000:b3:00.0::1"], 2) == ["0000:b3:00.0::1", "0000:b3:00.1::0"]
+    # three replicas fit on one NUMA node (four per node)
+    got = await prefer(avail, [], 3)
+    assert {a[:7] for a in got} == {"0000:17"} and len({a.split("::")[0] for a in got}) == 2
+    # only from available: NUMA 0 mostly gone, so NUMA 1 is chosen
+    assert await prefer(["0000:17:00.0::0", *avail[4:]], [], 2) == ["0000:b3:00.0::0", "0000:b3:00.1::0"]
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await prefer(avail[:1], ["0000:b3:00.0::0"], 2)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must_include_deviceIDs not in available_deviceIDs: 0000:b3:00.0::0" in (e.value.details() or "")
+    resp = await ep.stub.Allocate(alloc(["0000:b3:00.0::0", "0000:b3:00.0::1"]))
+    assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/vfio/20", "/dev/vfio/vfio"]
+    # PCI hotplug on the fake sysfs tree (inotify on the bus directory; uevents cover real sysfs)
+    hca(h, "0000:b3:00.2", 1, 22)
+    await ep.wait_listing(lambda listing: "0000:b3:00.2::0" in ids(listing), 1)
+    assert health(ep.latest)["0000:b3:00.2::0"] == "Unhealthy"  # its vfio group node is not there yet
+    h.mknod("/dev/vfio/22")
+    await ep.wait_listing(lambda listing: health(listing)["0000:b3:00.2::0"] == "Healthy", 1)
+
+
+async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones(h: Harness) -> None:
+    hca(h, "0000:17:00.0", 0, 10)
+    h.mknod("/dev/vfio/10")
+    h.mknod("/dev/fuse")
+    (h.host / "dev/serial").mkdir()
+    res: list[dict[str, Any]] = [
+        {"name": "hca", "pci": [{"vendor": "15b3"}]},
+        {"name": "fuse", "devices": ["/dev/fuse"]},
+        {"name": "serial", "devices": ["/dev/serial/tty*"]},
+    ]
+    plugin = await h.start(h.config(res))
+    if plugin._uevents is not None:  # the host's own uevents (other work on this machine) would add scans
+        plugin._uevents.close()
+        plugin._uevents = None
+    scans = dict.fromkeys(plugin.resources, 0)
+    for name, rt in plugin.resources.items():
+        original = rt.rescan
+
+        def counting(name: str = name, original: Any = original) -> bool:
+            scans[name] += 1
+            return bool(original())
+
+        rt.rescan = counting  # type: ignore[method-assign]
+
+    async def settle() -> dict[str, int]:
+        await asyncio.sleep(0.1)
+        out = dict(scans)
+        scans.update(dict.fromkeys(scans, 0))
+        return out
+
+    plugin._on_uevent("add", {"SUBSYSTEM": "pci", "DEVPATH": "/devices/pci0000:00/0000:17:00.0"})
+    assert await settle() == {"hca": 1, "fuse": 0, "serial": 0}
+    h.mknod("/dev/serial/tty0")
+    assert await settle() == {"hca": 0, "fuse": 0, "serial": 1}
+    h.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
+    assert await settle() == {"hca": 0, "fuse": 1, "serial": 0}
