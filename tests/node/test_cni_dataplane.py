@@ -155,10 +155,21 @@ def test_add_builds_bridge_veth_addresses_routes_and_reaches_the_gateway(host: H
     ping(ns, GW4)
 
 
+def _root_sysctls() -> list[str]:
+    keys = ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding", "net/ipv6/conf/default/accept_dad")
+    out = []
+    for key in keys:
+        with open(f"/proc/sys/{key}") as f:
+            out.append(f.read().strip())
+    return out
+
+
 def test_dual_stack_addresses_are_usable_at_once(host: Host, pod: Callable[[], str]) -> None:
     ns = pod()
     ips = [v4(), v6()]
+    root_before = _root_sysctls()
     add(host, conf(), ns, ips=ips)
+    assert _root_sysctls() == root_before  # /proc/sys/net follows the writing thread's netns, not the process's
     addrs = pod_addrs(ns)
     assert "fd77::5/64" in addrs and "10.77.0.5/24" in addrs
     assert not any(a.get("tentative") for a in addrs.values()), addrs
