@@ -1,0 +1,168 @@
+"""The installed CNI entry point on a host with no Python and no glibc: a busybox root filesystem.
+
+The real bundle (scripts/build-cni-bundle, cached under build/ by a hash of its sources) is installed into the root
+by ``nodeplug install-cni --root``; then, chrooted there and inside a network namespace standing in for the node, the
+runtime's calls are made: VERSION, and ADD and DEL of a pod network namespace in standalone mode (no agent socket
+exists in the chroot). The chroot has /proc (the frozen program re-executes itself through /proc/self/exe, as on any
+real host) and the pod's namespace bind-mounted at the path CNI_NETNS names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chroot, mounts, network namespaces")
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / "build" / "test-cni-bundle"
+SUBNET = "10.98.0.0/24"
+
+
+def _sources_hash() -> str:
+    h = hashlib.sha256()
+    files = [REPO / "scripts/build-cni-bundle", REPO / "daemonset/bundle/launcher.c", REPO / "pyproject.toml"]
+    for pkg in ("cni", "nodeplug"):
+        files += sorted((REPO / pkg).rglob("*.py"))
+    for f in files:
+        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    """The real CNI bundle for the sources in the tree (built once per source change, about 20 s)."""
+    if importlib.util.find_spec("PyInstaller") is None:
+        pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
+    static_libc = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
+    if shutil.which("gcc") is None or not any(Path(p).exists() for p in static_libc):
+        pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
+    out = CACHE / _sources_hash()
+    if not (out / "nodeplug").exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = CACHE / f".tmp-{os.getpid()}"
+        p = subprocess.run(
+            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp)],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
+        for old in CACHE.iterdir():
+            if old != tmp:
+                shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, out)
+    return out
+
+
+@pytest.fixture
+def busybox_root(tmp_path: Path, bundle: Path, mounts: Callable[[Path], Path]) -> Path:
+    """A root filesystem of busybox and its applets, with the CNI entry point installed by install-cni."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox-static is not installed")
+    root = tmp_path / "rootfs"
+    for d in ("bin", "proc", "tmp", "var/run/netns", "var/lib/nodeplug/ipam"):
+        (root / d).mkdir(parents=True)
+    shutil.copy2(busybox, root / "bin/busybox")
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True, timeout=10).stdout
+    for name in applets.split():
+        if name != "busybox":
+            os.symlink("busybox", root / "bin" / name)
+    p = subprocess.run(
+        [sys.executable, "-m", "nodeplug.cli", "install-cni", "--root", str(root), "--bundle", str(bundle),
+         "--subnet", SUBNET, "--no-ip-masq", "--network-name", "chroot-test"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    subprocess.run(["mount", "-t", "proc", "proc", str(mounts(root / "proc"))], check=True, timeout=10)
+    return root
+
+
+def _no_python_or_glibc_outside_the_bundle(root: Path) -> None:
+    skip = {root / "opt/cni/bin/nodeplug.d", root / "proc"}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if Path(dirpath) / d not in skip]
+        for name in filenames + dirnames:
+            assert not name.startswith(("python", "libc.so", "ld-linux", "libpython")), Path(dirpath) / name
+
+
+def call(root: Path, hostns: str, command: str, conf: dict[str, object], **env: str) -> tuple[int, dict[str, object]]:
+    """Run /opt/cni/bin/nodeplug in the chroot, in the node's network namespace, as a runtime does."""
+    full = {"CNI_COMMAND": command, "CNI_PATH": "/opt/cni/bin", **env}
+    p = subprocess.run(
+        [shutil.which("ip") or "ip", "netns", "exec", hostns, "/usr/sbin/chroot", str(root), "/opt/cni/bin/nodeplug"],
+        input=json.dumps(conf).encode(), env=full, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    try:
+        out = json.loads(p.stdout) if p.stdout.strip() else {}
+    except ValueError:
+        pytest.fail(f"{command}: not JSON on stdout: {p.stdout!r} (stderr {p.stderr!r})")
+    return p.returncode, out
+
+
+def network_conf(root: Path) -> dict[str, object]:
+    """The single plugin config a runtime derives from the installed conflist."""
+    conflist = json.loads((root / "etc/cni/net.d/10-nodeplug.conflist").read_text())
+    (plugin,) = conflist["plugins"]
+    return {"cniVersion": conflist["cniVersion"], "name": conflist["name"], **plugin}
+
+
+def test_version_answers_in_a_root_without_python(busybox_root: Path, netns: Callable[[], str]) -> None:
+    _no_python_or_glibc_outside_the_bundle(busybox_root)
+    probe = subprocess.run(
+        ["/usr/sbin/chroot", str(busybox_root), "/bin/sh", "-c", "command -v python3 python || echo none"],
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "none"
+    code, out = call(busybox_root, netns(), "VERSION", {"cniVersion": "1.0.0"})
+    assert code == 0
+    assert {"0.4.0", "1.0.0", "1.1.0"} <= set(out["supportedVersions"])  # type: ignore[arg-type]
+
+
+def test_add_and_del_a_pod_network_standalone(
+    busybox_root: Path, netns: Callable[[], str], mounts: Callable[[Path], Path]
+) -> None:
+    hostns, podns = netns(), netns()
+    target = busybox_root / "var/run/netns/pod"
+    target.touch()
+    subprocess.run(["mount", "--bind", f"/run/netns/{podns}", str(mounts(target))], check=True, timeout=10)
+    assert not (busybox_root / "run/nodeplug/cni.sock").exists()
+    conf = network_conf(busybox_root)
+    env = {"CNI_CONTAINERID": "chroot-test-1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0"}
+
+    code, result = call(busybox_root, hostns, "ADD", conf, **env)
+    assert code == 0, result
+    (ip,) = result["ips"]  # type: ignore[misc]
+    addr = ipaddress.ip_interface(ip["address"])
+    assert addr in ipaddress.ip_network(SUBNET) or addr.ip in ipaddress.ip_network(SUBNET)
+    shown = subprocess.run(["ip", "-n", podns, "-j", "addr", "show", "eth0"], capture_output=True, text=True,
+                           check=True, timeout=10).stdout  # fmt: skip
+    assert str(addr.ip) in shown
+    bridge = str(conf.get("bridge", "nodeplug0"))
+    subprocess.run(["ip", "-n", hostns, "link", "show", bridge], check=True, capture_output=True, timeout=10)
+    ping = subprocess.run(["ip", "netns", "exec", hostns, "ping", "-c", "1", "-W", "2", str(addr.ip)],
+                          capture_output=True, timeout=10, check=False)  # fmt: skip
+    assert ping.returncode == 0, ping.stdout
+
+    code, out = call(busybox_root, hostns, "DEL", {**conf, "prevResult": result}, **env)
+    assert code == 0, out
+    gone = subprocess.run(["ip", "-n", podns, "link", "show", "eth0"], capture_output=True, timeout=10, check=False)
+    assert gone.returncode != 0, "eth0 is still in the pod's namespace after DEL"
+    code, out = call(busybox_root, hostns, "DEL", conf, **env)
+    assert code == 0, f"a repeated DEL must succeed: {out}"
+
+    # The address went back to the pool: a new container gets an address, and the pool is not shrinking.
+    env2 = {**env, "CNI_CONTAINERID": "chroot-test-2"}
+    code, result2 = call(busybox_root, hostns, "ADD", conf, **env2)
+    assert code == 0, result2
+    code, _ = call(busybox_root, hostns, "DEL", {**conf, "prevResult": result2}, **env2)
+    assert code == 0
