@@ -9,6 +9,8 @@ table for CreateVolume and ControllerExpandVolume says.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from csi.errors import InvalidArgument, OutOfRange
 
 MIB = 1 << 20
@@ -16,6 +18,14 @@ GIB = 1 << 30
 DEFAULT_BYTES = 1 * GIB
 UNIT = MIB
 PAGE = 4096
+
+
+@dataclass(frozen=True)
+class CapacityRange:
+    """CSI capacity range in bytes; 0 means unset."""
+
+    required_bytes: int = 0
+    limit_bytes: int = 0
 
 
 def round_up(n: int, unit: int = UNIT) -> int:

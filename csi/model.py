@@ -7,6 +7,7 @@ messages. Volume and snapshot ids are minted by the driver ("vol-"/"snap-"/"grou
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -44,6 +45,26 @@ def validate_id(kind: str, value: str) -> str:
 def new_id(prefix: str) -> str:
     """A fresh id such as ``vol-3f2a...``."""
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def derive_id(prefix: str, name: str) -> str:
+    """The id for the CO's ``name``: the same name always gives the same id, so a retry after a crash finds what
+    the interrupted attempt left."""
+    return f"{prefix}-{hashlib.sha256(name.encode()).hexdigest()[:32]}"
+
+
+MAX_NAME_BYTES = 128
+
+
+def validate_name(field: str, name: str) -> str:
+    """A CO-chosen name: required, at most 128 bytes (the CSI size limit), no control characters."""
+    if not name:
+        raise InvalidArgument(f"{field}: required field is missing")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise InvalidArgument(f"{field}: expected at most {MAX_NAME_BYTES} bytes, got {len(name.encode())}")
+    if any((ord(c) < 0x20 and c not in "\t\n\r") or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise InvalidArgument(f"{field}: control characters are not allowed, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,14 @@ class GroupSnapshot:
     snapshot_ids: tuple[str, ...]
     created_at: float
     ready_to_use: bool = True
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A volume's health as CSI's VolumeCondition reports it."""
+
+    abnormal: bool
+    message: str
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,10 @@ be frozen, so it can be snapshotted alone (crash-consistent) but not together wi
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -37,17 +35,21 @@ from csi import capacity
 from csi.backends import Backend, fileops
 from csi.backends.btrfs import BtrfsBackend
 from csi.backends.loopfile import LoopfileBackend
+from csi.capacity import CapacityRange as CapacityRange  # re-exported: part of the manager API
 from csi.config import TOPOLOGY_KEY, Config
 from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from csi.locks import OperationLocks
 from csi.model import (
     BACKENDS,
     AccessType,
+    Condition,
     GroupSnapshot,
     Snapshot,
     Volume,
     VolumeSource,
+    derive_id,
     validate_id,
+    validate_name,
 )
 from csi.model import (
     Backend as BackendName,
@@ -61,47 +63,6 @@ _log = get_logger("csi")
 PARAM_BACKEND = "backend"
 # Keys the CO's sidecars add themselves (external-provisioner --extra-create-metadata, snapshotter): ignored.
 _PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
-MAX_NAME_BYTES = 128
-
-
-@dataclass(frozen=True)
-class CapacityRange:
-    """CSI capacity range in bytes; 0 means unset."""
-
-    required_bytes: int = 0
-    limit_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Condition:
-    abnormal: bool
-    message: str
-
-
-def derive_id(prefix: str, name: str) -> str:
-    return f"{prefix}-{hashlib.sha256(name.encode()).hexdigest()[:32]}"
-
-
-def validate_name(field: str, name: str) -> str:
-    if not name:
-        raise InvalidArgument(f"{field}: required field is missing")
-    if len(name.encode()) > MAX_NAME_BYTES:
-        raise InvalidArgument(f"{field}: expected at most {MAX_NAME_BYTES} bytes, got {len(name.encode())}")
-    if any((ord(c) < 0x20 and c not in "\t\n\r") or 0x7F <= ord(c) <= 0x9F for c in name):
-        raise InvalidArgument(f"{field}: control characters are not allowed, got {name!r}")
-    return name
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def _mounted(path: str) -> bool:
-    """True when something is mounted at ``path`` (mount points in mountinfo escape space, tab, ... as octal)."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return any(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4]) == path for line in f)
-    except OSError:
-        return False
 
 
 class VolumeManager:
@@ -167,7 +128,7 @@ class VolumeManager:
             if v.is_block:
                 if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
                     fileops.flush_device(stage.device)
-            elif _mounted(stage.staging_path):
+            elif fileops.is_mounted(stage.staging_path):
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
@@ -181,7 +142,7 @@ class VolumeManager:
         thawed = []
         for rec in self.store.list_stages():
             v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not _mounted(rec.staging_path):
+            if v is None or v.is_block or v.is_subvolume or not fileops.is_mounted(rec.staging_path):
                 continue
             if fileops.thaw(rec.staging_path):
                 _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)
@@ -190,7 +151,7 @@ class VolumeManager:
 
     def _in_use(self, v: Volume) -> bool:
         stage = self.store.get_stage(v.volume_id)
-        return bool(stage and (v.is_block or v.is_subvolume or _mounted(stage.staging_path)))
+        return bool(stage and (v.is_block or v.is_subvolume or fileops.is_mounted(stage.staging_path)))
 
     def unrecorded(self) -> list[Path]:
         """Volume and snapshot files or subvolumes in the backends' directories that no record names.
@@ -249,19 +210,8 @@ class VolumeManager:
                 return self._compatible(existing, req, lim, access_type, fs_type, bname, source)
             source_key = f"{source.kind}/{source.id}" if source else ""
             with self.locks.hold(f"volume/{vid}", source_key):
-                return self._create(
-                    name,
-                    vid,
-                    req,
-                    lim,
-                    cast(AccessType, access_type),
-                    fs_type,
-                    bname,
-                    be,
-                    parameters,
-                    source,
-                    ephemeral,
-                )
+                shape = (cast(AccessType, access_type), fs_type, bname, be)
+                return self._create(name, vid, req, lim, shape, parameters, source, ephemeral)
 
     def _compatible(
         self, v: Volume, req: int, lim: int, access_type: str, fs_type: str, backend: str, src: VolumeSource | None
@@ -289,14 +239,12 @@ class VolumeManager:
         vid: str,
         req: int,
         lim: int,
-        access_type: AccessType,
-        fs_type: str,
-        bname: str,
-        be: Backend,
+        shape: tuple[AccessType, str, str, Backend],
         parameters: Mapping[str, str],
         source: VolumeSource | None,
         ephemeral: bool,
     ) -> Volume:
+        access_type, fs_type, bname, be = shape
         limit = self.config.max_volumes_per_node
         if limit and self.store.count_volumes() >= limit:
             raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
