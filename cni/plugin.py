@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -185,8 +186,6 @@ class CniPlugin:
 def _result_code(exit_code: int, out: str) -> int:
     if exit_code == 0:
         return 0
-    import json
-
     try:
         return int(json.loads(out).get("code", 999))
     except (ValueError, AttributeError, TypeError):

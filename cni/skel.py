@@ -22,10 +22,12 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO
 
-from cni import versions
+from cni import netconf, versions
 from cni.errors import INTERNAL, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG, CniError
+from cni.netconf import NetConf
+from cni.types import Result
 
 COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "GC", "STATUS")
 
@@ -106,12 +108,12 @@ class Request:
     ifname: str
     args: CniArgs
     path: tuple[str, ...]
-    conf: Any  # cni.netconf.BridgeConf | cni.netconf.IpamPluginConf (imported lazily: see parse_conf)
+    conf: NetConf
     env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # CNI_* vars, for delegation
     stdin: bytes = field(default=b"", compare=False, repr=False)  # the config as received, for delegation
 
 
-Handler = Callable[[Request], Any]  # returns cni.types.Result for ADD, None otherwise
+Handler = Callable[[Request], Result | None]  # a Result for ADD, None otherwise
 
 
 def parse_env(env: Mapping[str, str]) -> tuple[str, str, str, str, CniArgs, tuple[str, ...]]:
@@ -151,10 +153,8 @@ def parse_env(env: Mapping[str, str]) -> tuple[str, str, str, str, CniArgs, tupl
     return command, cid, netns, ifname, parse_cni_args(env.get("CNI_ARGS", "")), path
 
 
-def parse_conf(command: str, stdin: bytes) -> Any:
+def parse_conf(command: str, stdin: bytes) -> NetConf:
     """Decode (6), check the version (1), validate (7) -> BridgeConf | IpamPluginConf."""
-    from cni import netconf  # stdlib only; kept out of VERSION's path
-
     raw = netconf.decode(stdin)
     version = raw.get("cniVersion")
     if not isinstance(version, str):

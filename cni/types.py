@@ -10,6 +10,7 @@ This module is on the entry point's start-up path: standard library only.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +27,6 @@ def _bad(where: str, expected: str, got: Any) -> CniError:
 
 
 def _show(value: Any) -> str:
-    import json
-
     try:
         text = json.dumps(value)
     except (TypeError, ValueError):
