@@ -18,6 +18,7 @@ Behaviour follows the reference ``bridge`` plugin:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 from collections.abc import Sequence
@@ -76,11 +77,8 @@ def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
         if conf.is_gateway:
             _bridge_self_in_vlan(name, conf.vlan)
     if conf.is_gateway:
-        gateways = gateway_addresses(ips)
-        if gateways:
-            current = addresses(ipr, index)
-            for gw in gateways:
-                _ensure_addr(ipr, name, index, gw, current, conf.force_address)
+        for gw in gateway_addresses(ips):
+            _ensure_addr(ipr, name, index, gw, conf.force_address)
     return index, Interface(name=name, mac=str(msg.get("IFLA_ADDRESS") or ""))
 
 
@@ -93,29 +91,37 @@ def gateway_addresses(ips: Sequence[IPConfig]) -> list[IPIface]:
     return list(out.values())
 
 
-def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, current: list[IPIface], force: bool) -> None:
-    for a in current:
-        if a.version != gw.version or a.ip.is_link_local:
-            continue
-        if a == gw:
-            return
-        if gw.version == 4 or gw.ip in a.network or a.ip in gw.network:
-            if not force:
-                raise CniError(
-                    DATAPLANE,
-                    details=f"bridge {name} already has the address {a}, different from gateway {gw} "
-                    "(set forceAddress to replace it)",
-                )
-            try:
-                ipr.addr("del", index=index, address=str(a.ip), prefixlen=a.network.prefixlen)
-            except NetlinkError as e:
-                if e.code != errno.EADDRNOTAVAIL:
-                    raise nl_error(f"remove address {a} from bridge {name}", e) from None
+def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, force: bool) -> None:
+    """Put ``gw`` on the bridge. It is added first (one request; EEXIST, the usual case, means an earlier ADD put it
+    there); only a newly added gateway is compared with the bridge's other addresses of its family."""
     try:
         ipr.addr("add", index=index, **addr_args(gw))
     except NetlinkError as e:
-        if e.code != errno.EEXIST:
-            raise nl_error(f"add gateway address {gw} to bridge {name}", e) from None
+        if e.code == errno.EEXIST:
+            return
+        raise nl_error(f"add gateway address {gw} to bridge {name}", e) from None
+    conflicts = [
+        a
+        for a in addresses(ipr, index)
+        if a.version == gw.version
+        and not a.ip.is_link_local
+        and a != gw
+        and (gw.version == 4 or gw.ip in a.network or a.ip in gw.network)
+    ]
+    if conflicts and not force:
+        with contextlib.suppress(NetlinkError):
+            ipr.addr("del", index=index, address=str(gw.ip), prefixlen=gw.network.prefixlen)
+        raise CniError(
+            DATAPLANE,
+            details=f"bridge {name} already has the address {conflicts[0]}, different from gateway {gw} "
+            "(set forceAddress to replace it)",
+        )
+    for a in conflicts:
+        try:
+            ipr.addr("del", index=index, address=str(a.ip), prefixlen=a.network.prefixlen)
+        except NetlinkError as e:
+            if e.code != errno.EADDRNOTAVAIL:
+                raise nl_error(f"remove address {a} from bridge {name}", e) from None
 
 
 def _ensure_vlan_filtering(ipr: Any, name: str, index: int, msg: Any) -> None:
