@@ -16,17 +16,17 @@ SHA-256), so a retry after a crash lands on the same id and the backend clears w
 removed only after it is no longer staged or published. The state store is the truth for what exists; a backing
 file that went missing is reported by :meth:`volume_condition`, never silently recreated.
 
-Consistency of snapshots: a staged ext4/xfs volume is frozen (``fsfreeze``) at its staging path while it is copied;
-a group snapshot freezes every member first, copies all, then thaws. A staged block volume or btrfs subvolume cannot
-be frozen, so it can be snapshotted alone (crash-consistent) but not together with others (FAILED_PRECONDITION).
+Snapshots and group snapshots (and how they stay consistent) live in the :class:`csi.snapshots.SnapshotOps` mixin.
+
+At start, before serving, the plugin calls :meth:`thaw_all` (a filesystem left frozen by a crash mid-snapshot) and
+reports :meth:`unrecorded` (files or subvolumes no record names; never deleted automatically).
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -43,7 +43,6 @@ from csi.model import (
     BACKENDS,
     AccessType,
     Condition,
-    GroupSnapshot,
     Snapshot,
     Volume,
     VolumeSource,
@@ -54,6 +53,7 @@ from csi.model import (
 from csi.model import (
     Backend as BackendName,
 )
+from csi.snapshots import PASSTHROUGH_PREFIXES, SnapshotOps
 from csi.state import StateStore
 from nodeplug.log import get_logger
 from nodeplug.paths import Root
@@ -61,11 +61,9 @@ from nodeplug.paths import Root
 _log = get_logger("csi")
 
 PARAM_BACKEND = "backend"
-# Keys the CO's sidecars add themselves (external-provisioner --extra-create-metadata, snapshotter): ignored.
-_PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
 
 
-class VolumeManager:
+class VolumeManager(SnapshotOps):
     """Volumes, snapshots and group snapshots over the state store and the backends."""
 
     def __init__(self, store: StateStore, config: Config, root: Root | None = None) -> None:
@@ -106,7 +104,7 @@ class VolumeManager:
 
     def _resolve_backend(self, backend: str, parameters: Mapping[str, str]) -> str:
         for key in parameters:
-            if key != PARAM_BACKEND and not key.startswith(_PASSTHROUGH_PREFIXES):
+            if key != PARAM_BACKEND and not key.startswith(PASSTHROUGH_PREFIXES):
                 raise InvalidArgument(f"parameters.{key}: unknown parameter (supported: {PARAM_BACKEND})")
         return backend or parameters.get(PARAM_BACKEND, "") or self.config.default_backend
 
@@ -116,42 +114,6 @@ class VolumeManager:
         if v is None:
             raise NotFound(f"volume {volume_id} does not exist")
         return v
-
-    @contextlib.contextmanager
-    def _frozen(self, volumes: list[Volume]) -> Iterator[None]:
-        """Freeze the staged, mounted ext4/xfs filesystems among ``volumes`` for the block."""
-        points = []
-        for v in volumes:
-            stage = self.store.get_stage(v.volume_id)
-            if stage is None or v.is_subvolume:
-                continue
-            if v.is_block:
-                if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
-                    fileops.flush_device(stage.device)
-            elif fileops.is_mounted(stage.staging_path):
-                points.append(stage.staging_path)
-        with fileops.frozen(points):
-            yield
-
-    def thaw_all(self) -> list[str]:
-        """Thaw every staged filesystem; return the staging paths that were frozen.
-
-        A snapshot freezes a staged filesystem only while it copies, but an agent killed in that moment leaves it
-        frozen and every writer in the pod blocked: the plugin calls this once at start, before serving.
-        """
-        thawed = []
-        for rec in self.store.list_stages():
-            v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not fileops.is_mounted(rec.staging_path):
-                continue
-            if fileops.thaw(rec.staging_path):
-                _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)
-                thawed.append(rec.staging_path)
-        return thawed
-
-    def _in_use(self, v: Volume) -> bool:
-        stage = self.store.get_stage(v.volume_id)
-        return bool(stage and (v.is_block or v.is_subvolume or fileops.is_mounted(stage.staging_path)))
 
     def unrecorded(self) -> list[Path]:
         """Volume and snapshot files or subvolumes in the backends' directories that no record names.
@@ -402,188 +364,3 @@ class VolumeManager:
             return Condition(not ok, "volume is present" if ok else f"{v.path} is missing")
         problem = be.condition(v)
         return Condition(bool(problem), problem or "volume is healthy")
-
-    # ------------------------------------------------------------ snapshots
-
-    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
-        validate_name("name", name)
-        if not source_volume_id:
-            raise InvalidArgument("source_volume_id: required field is missing")
-        for key in parameters:
-            if not key.startswith(_PASSTHROUGH_PREFIXES):
-                raise InvalidArgument(f"parameters.{key}: unknown parameter (snapshots take none)")
-        with self.locks.hold(f"snapname/{name}"):
-            existing = self.store.get_snapshot_by_name(name)
-            if existing is not None:
-                if existing.source_volume_id != source_volume_id:
-                    raise AlreadyExists(
-                        f"snapshot {name!r} already exists as {existing.snapshot_id} of volume "
-                        f"{existing.source_volume_id}, not of {source_volume_id}"
-                    )
-                return existing
-            try:
-                v = self._volume(source_volume_id, "source_volume_id")
-            except InvalidArgument:
-                raise NotFound(f"source_volume_id: volume {source_volume_id!r} does not exist") from None
-            sid = derive_id("snap", name)
-            with self.locks.hold(f"volume/{v.volume_id}", f"snapshot/{sid}"):
-                snap = self._cut([v], [(sid, name)], "")[0]
-                try:
-                    self.store.put_snapshot(snap)
-                except BaseException:
-                    self._backend(snap.backend).delete_snapshot(snap)
-                    raise
-        _log.info("snapshot created", snapshot_id=sid, volume_id=v.volume_id, bytes=snap.size_bytes)
-        return snap
-
-    def _cut(self, vols: list[Volume], ids: list[tuple[str, str]], group_id: str) -> list[Snapshot]:
-        """Snapshot ``vols`` (frozen together) as ``ids`` [(snapshot_id, name)]; undo all on failure."""
-        need = sum(0 if v.is_subvolume else fileops.allocated_bytes(Path(v.path)) for v in vols)
-        done: list[Snapshot] = []
-        try:
-            for v in vols:
-                be = self._backend(v.backend, "volume.backend")
-                free = fileops.free_bytes(be.base)
-                if need > free:
-                    raise ResourceExhausted(f"the {v.backend} backend has {free} bytes free, snapshots need {need}")
-            with self._frozen(vols):
-                now = time.time()
-                for v, (sid, name) in zip(vols, ids, strict=True):
-                    path, size = self._backend(v.backend).snapshot(sid, v)
-                    done.append(
-                        Snapshot(
-                            sid, name, v.volume_id, size, path, now, True, group_id, v.backend, v.access_type, v.fs_type
-                        )
-                    )
-        except BaseException:
-            for s in done:
-                with contextlib.suppress(Exception):
-                    self._backend(s.backend).delete_snapshot(s)
-            raise
-        return done
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        if not snapshot_id:
-            raise InvalidArgument("snapshot_id: required field is missing")
-        try:
-            validate_id("snapshot_id", snapshot_id)
-        except InvalidArgument:
-            return
-        with self.locks.hold(f"snapshot/{snapshot_id}"):
-            s = self.store.get_snapshot(snapshot_id)
-            if s is None:
-                return
-            if s.group_snapshot_id and self.store.get_group_snapshot(s.group_snapshot_id):
-                raise FailedPrecondition(
-                    f"snapshot {snapshot_id} belongs to group snapshot {s.group_snapshot_id}: delete the group"
-                )
-            self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
-            self.store.delete_snapshot(snapshot_id)
-        _log.info("snapshot deleted", snapshot_id=snapshot_id)
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot:
-        validate_id("snapshot_id", snapshot_id)
-        s = self.store.get_snapshot(snapshot_id)
-        if s is None:
-            raise NotFound(f"snapshot {snapshot_id} does not exist")
-        return s
-
-    def list_snapshots(
-        self, max_entries: int = 0, starting_token: str = "", source_volume_id: str = "", snapshot_id: str = ""
-    ) -> tuple[list[Snapshot], str]:
-        if max_entries < 0:
-            raise InvalidArgument(f"max_entries: expected a value >= 0, got {max_entries}")
-        if snapshot_id:
-            s = self.store.get_snapshot(snapshot_id)
-            if s is None or (source_volume_id and s.source_volume_id != source_volume_id):
-                return [], ""
-            return [s], ""
-        return self.store.list_snapshots(max_entries, starting_token, source_volume_id)
-
-    # ------------------------------------------------------------ group snapshots
-
-    def create_group_snapshot(
-        self, name: str, source_volume_ids: list[str], parameters: Mapping[str, str]
-    ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        validate_name("name", name)
-        if not source_volume_ids:
-            raise InvalidArgument("source_volume_ids: required field is missing")
-        if len(set(source_volume_ids)) != len(source_volume_ids):
-            raise InvalidArgument("source_volume_ids: a volume is listed twice")
-        for key in parameters:
-            if not key.startswith(_PASSTHROUGH_PREFIXES):
-                raise InvalidArgument(f"parameters.{key}: unknown parameter (group snapshots take none)")
-        with self.locks.hold(f"groupname/{name}"):
-            existing = self.store.get_group_snapshot_by_name(name)
-            if existing is not None:
-                members = self._members(existing)
-                if sorted(s.source_volume_id for s in members) != sorted(source_volume_ids):
-                    raise AlreadyExists(
-                        f"group snapshot {name!r} already exists as {existing.group_snapshot_id} of other volumes"
-                    )
-                return existing, members
-            vols = [self._volume(i, f"source_volume_ids[{n}]") for n, i in enumerate(source_volume_ids)]
-            if len(vols) > 1:
-                for v in vols:
-                    if (v.is_block or v.is_subvolume) and self._in_use(v):
-                        raise FailedPrecondition(
-                            f"volume {v.volume_id} is staged as a {'block volume' if v.is_block else 'btrfs subvolume'}"
-                            " and cannot be frozen, so it cannot be snapshotted together with other volumes: "
-                            "unstage it or snapshot it alone"
-                        )
-            gid = derive_id("group", name)
-            ids = [(derive_id("snap", f"{gid}/{v.volume_id}"), f"{gid}/{v.volume_id}") for v in vols]
-            keys = [f"volume/{v.volume_id}" for v in vols]
-            with self.locks.hold(*keys):
-                snaps = self._cut(vols, ids, gid)
-            group = GroupSnapshot(gid, name, tuple(s.snapshot_id for s in snaps), snaps[0].created_at, True)
-            try:
-                self.store.put_group_snapshot(group, snaps)
-            except BaseException:
-                for s in snaps:
-                    with contextlib.suppress(Exception):
-                        self._backend(s.backend).delete_snapshot(s)
-                raise
-        _log.info("group snapshot created", group_snapshot_id=gid, snapshots=len(snaps))
-        return group, snaps
-
-    def _members(self, g: GroupSnapshot) -> list[Snapshot]:
-        return [s for s in (self.store.get_snapshot(i) for i in g.snapshot_ids) if s is not None]
-
-    def _check_members(self, g: GroupSnapshot, snapshot_ids: list[str]) -> None:
-        if sorted(snapshot_ids) != sorted(g.snapshot_ids):
-            raise InvalidArgument(
-                f"snapshot_ids: group snapshot {g.group_snapshot_id} holds {sorted(g.snapshot_ids)}, "
-                f"got {sorted(snapshot_ids)}"
-            )
-
-    def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids: list[str]) -> None:
-        if not group_snapshot_id:
-            raise InvalidArgument("group_snapshot_id: required field is missing")
-        try:
-            validate_id("group_snapshot_id", group_snapshot_id)
-        except InvalidArgument:
-            return
-        with self.locks.hold(f"group/{group_snapshot_id}"):
-            g = self.store.get_group_snapshot(group_snapshot_id)
-            if g is None:
-                return
-            if snapshot_ids:
-                self._check_members(g, snapshot_ids)
-            for s in self._members(g):
-                self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
-            self.store.delete_group_snapshot(group_snapshot_id)
-            for sid in g.snapshot_ids:
-                self.store.delete_snapshot(sid)
-        _log.info("group snapshot deleted", group_snapshot_id=group_snapshot_id)
-
-    def get_group_snapshot(
-        self, group_snapshot_id: str, snapshot_ids: list[str]
-    ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        validate_id("group_snapshot_id", group_snapshot_id)
-        g = self.store.get_group_snapshot(group_snapshot_id)
-        if g is None:
-            raise NotFound(f"group snapshot {group_snapshot_id} does not exist")
-        if snapshot_ids:
-            self._check_members(g, snapshot_ids)
-        return g, self._members(g)
