@@ -52,6 +52,9 @@ def open_netns(path: str) -> int:
         raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: no such network namespace") from None
     except OSError as e:
         raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: cannot open: {e.strerror}") from None
+    if os.fstat(fd).st_dev != os.stat(_THREAD_NETNS).st_dev:  # namespace files all live on nsfs
+        os.close(fd)
+        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: not a network namespace file")
     return fd
 
 

@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -327,10 +328,14 @@ def test_vlan(host: Host, pod: Callable[[], str]) -> None:
     assert [v["vlan"] for v in vlans[0]["vlans"]] == [100]
 
 
-def test_bad_netns(host: Host) -> None:
+def test_bad_netns(host: Host, tmp_path: Path) -> None:
     with pytest.raises(CniError) as e:
         add(host, conf(), "/run/netns/does-not-exist")
     assert e.value.code == 4 and "does-not-exist" in e.value.details
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(CniError, match="not a network namespace file") as e:
+        add(host, conf(), str(tmp_path / "plain"))
+    assert e.value.code == 4
     with pytest.raises(CniError, match="host's own network namespace"):
         add(host, conf(), host.path)
 
