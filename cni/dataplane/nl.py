@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -94,7 +93,7 @@ def link_kind(msg: Any) -> str:
 
 def random_mac() -> str:
     """A random locally administered unicast MAC address."""
-    b = bytearray(random.getrandbits(8) for _ in range(6))
+    b = bytearray(os.urandom(6))
     b[0] = (b[0] & 0xFE) | 0x02
     return ":".join(f"{x:02x}" for x in b)
 
