@@ -113,12 +113,14 @@ class Inotify:
             self._paths.pop(wd, None)
             _lib().inotify_rm_watch(self._fd, wd)  # EINVAL when the kernel already dropped it: fine
 
-    def set(self, paths: set[str]) -> None:
-        """Watch exactly ``paths`` (those that exist)."""
+    def set(self, paths: set[str]) -> set[str]:
+        """Watch exactly ``paths`` (those that exist); return the ones newly watched."""
         for p in self.watched - paths:
             self.remove(p)
+        before = self.watched
         for p in sorted(paths):
             self.add(p)
+        return self.watched - before
 
     def _readable(self) -> None:
         try:

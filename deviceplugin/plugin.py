@@ -174,7 +174,10 @@ class DevicePlugin:
         dirs = {str(self.plugin_dir), str(self.plugin_dir.parent)}
         for r in self.resources.values():
             dirs |= r.watch_dirs
-        self._inotify.set(dirs)
+        new = self._inotify.set(dirs)
+        if self._started:
+            for d in new:
+                self._schedule_scan(d)  # entries made between the directory's creation and our watch on it
         self._schedule_expiry()
 
     def _on_inotify(self, directory: str, name: str, mask: int) -> None:

@@ -199,3 +199,25 @@ async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones
     assert await settle() == {"hca": 0, "fuse": 0, "serial": 1}
     h.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
     assert await settle() == {"hca": 0, "fuse": 1, "serial": 0}
+
+
+async def test_directory_that_appears_later_is_watched(h: Harness) -> None:
+    await h.start(h.config([{"name": "gpu", "devices": ["/dev/dri/renderD*"]}]))
+    ep = await h.ep("gpu")
+    assert ep.latest == []
+    # /dev is watched (the nearest existing ancestor), then /dev/dri itself, and it is scanned once watched: a node
+    # made before the new watch is in place is not missed
+    (h.host / "dev/dri").mkdir()
+    h.mknod("/dev/dri/renderD128")
+    await ep.wait_listing(lambda listing: ids(listing) == ["dri-renderD128"], 1)
+
+
+async def test_gone_device_is_forgotten_after_the_grace(h: Harness) -> None:
+    node = h.mknod("/dev/ttyUSB0")
+    await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"], "forget_after_seconds": 0.3}]))
+    ep = await h.ep("serial")
+    os.unlink(node)
+    t0 = time.monotonic()
+    await ep.wait_listing(lambda listing: health(listing) == {"ttyUSB0": "Unhealthy"}, 1)
+    await ep.wait_listing(lambda listing: listing == [], 2)
+    assert 0.25 <= time.monotonic() - t0 < 1.0
