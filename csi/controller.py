@@ -24,7 +24,7 @@ from grpc import aio
 from csi.config import TOPOLOGY_KEY, Config
 from csi.errors import InvalidArgument, ResourceExhausted, Unimplemented
 from csi.grpcerrors import rpc
-from csi.model import Snapshot, Volume, VolumeSource
+from csi.model import Condition, Snapshot, Volume, VolumeSource
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 
@@ -221,14 +221,20 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     @rpc
     async def ListVolumes(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        vols, token = await asyncio.to_thread(self.manager.list_volumes, request.max_entries, request.starting_token)
-        entries = []
-        for v in vols:
-            cond = await asyncio.to_thread(self.manager.volume_condition, v.volume_id, True)
-            status = csi_pb2.ListVolumesResponse.VolumeStatus(
-                volume_condition=csi_pb2.VolumeCondition(abnormal=cond.abnormal, message=cond.message)
+        def page() -> tuple[list[tuple[Volume, Condition]], str]:
+            vols, token = self.manager.list_volumes(request.max_entries, request.starting_token)
+            return [(v, self.manager.volume_condition(v.volume_id, quick=True)) for v in vols], token
+
+        rows, token = await asyncio.to_thread(page)
+        entries = [
+            csi_pb2.ListVolumesResponse.Entry(
+                volume=self._volume_message(v),
+                status=csi_pb2.ListVolumesResponse.VolumeStatus(
+                    volume_condition=csi_pb2.VolumeCondition(abnormal=c.abnormal, message=c.message)
+                ),
             )
-            entries.append(csi_pb2.ListVolumesResponse.Entry(volume=self._volume_message(v), status=status))
+            for v, c in rows
+        ]
         return csi_pb2.ListVolumesResponse(entries=entries, next_token=token)
 
     @rpc
