@@ -8,6 +8,11 @@ Shared by the warm agent and any number of concurrent entry-point processes. Saf
 - ``ip`` is the primary key: even a logic error cannot store a duplicate;
 - a busy timeout (30 s) queues writers instead of failing them.
 
+Leases remember the kernel boot they were made in (``/proc/sys/kernel/random/boot_id``). Every pod netns dies with
+the kernel, so a lease from an earlier boot can only be stale: opening the store in a new boot releases them. This is
+the leak host-local has after a reboot, closed without waiting for the runtime's GC. (Leases without a boot id, from
+a store written before this existed, are left to GC.)
+
 Within a process one connection is shared under a lock (the agent runs commands in a thread pool).
 File names: ``<dataDir>/<network name>.db`` (network names are restricted to ``[A-Za-z0-9_.-]`` by the config parser).
 """
@@ -27,13 +32,24 @@ from cni.errors import IPAM_STORE, CniError
 from cni.ipam.store import Lease
 
 BUSY_TIMEOUT = 30.0
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def current_boot_id() -> str:
+    try:
+        with open(BOOT_ID_FILE) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
     ip TEXT PRIMARY KEY,
     container_id TEXT NOT NULL,
     ifname TEXT NOT NULL,
-    range_key TEXT NOT NULL
+    range_key TEXT NOT NULL,
+    boot_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS leases_owner ON leases (container_id, ifname);
 CREATE TABLE IF NOT EXISTS last_reserved (
@@ -48,13 +64,14 @@ def db_path(data_dir: str | Path, network: str) -> Path:
 
 
 class SqliteTxn:
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, boot_id: str) -> None:
         self._c = conn
+        self._boot_id = boot_id
 
     def reserve(self, lease: Lease) -> bool:
         cur = self._c.execute(
-            "INSERT OR IGNORE INTO leases (ip, container_id, ifname, range_key) VALUES (?, ?, ?, ?)",
-            (lease.ip, lease.container_id, lease.ifname, lease.range_key),
+            "INSERT OR IGNORE INTO leases (ip, container_id, ifname, range_key, boot_id) VALUES (?, ?, ?, ?, ?)",
+            (lease.ip, lease.container_id, lease.ifname, lease.range_key, self._boot_id),
         )
         return cur.rowcount == 1
 
@@ -91,7 +108,9 @@ class SqliteTxn:
 class SqliteStore:
     """Leases of one network in ``<data_dir>/<network>.db``."""
 
-    def __init__(self, data_dir: str | Path, network: str) -> None:
+    def __init__(self, data_dir: str | Path, network: str, boot_id: str | None = None) -> None:
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
+        self.released_stale = 0  # leases of earlier boots released when this store was opened
         self.path = db_path(data_dir, network)
         self._lock = threading.Lock()
         try:
@@ -115,6 +134,14 @@ class SqliteStore:
                 with self._write():
                     for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
                         self._conn.execute(stmt)
+                    columns = {row[1] for row in self._conn.execute("PRAGMA table_info(leases)")}
+                    if "boot_id" not in columns:  # a store from before boot ids
+                        self._conn.execute("ALTER TABLE leases ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''")
+                    if self.boot_id:
+                        cur = self._conn.execute(
+                            "DELETE FROM leases WHERE boot_id != '' AND boot_id != ?", (self.boot_id,)
+                        )
+                        self.released_stale = cur.rowcount
                 return
             except sqlite3.OperationalError as e:
                 if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
@@ -136,7 +163,7 @@ class SqliteStore:
     def transaction(self) -> Iterator[SqliteTxn]:
         try:
             with self._write() as conn:
-                yield SqliteTxn(conn)
+                yield SqliteTxn(conn, self.boot_id)
         except sqlite3.Error as e:
             raise CniError(IPAM_STORE, details=f"IPAM store {self.path}: {e}") from None
 

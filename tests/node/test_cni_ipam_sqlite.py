@@ -16,6 +16,7 @@ from typing import Any
 
 from cni.ipam import allocator, service
 from cni.ipam.sqlite import SqliteStore
+from cni.ipam.store import Lease
 from cni.netconf import parse_ipam
 from cni.types import IPConfig
 
@@ -70,6 +71,7 @@ def test_leases_survive_reopen_and_the_file_is_private(tmp_path: Path) -> None:
 _HOLD_OPEN = """
 import sys, time
 from cni.ipam.sqlite import SqliteStore
+from cni.ipam.store import Lease
 from cni.ipam.store import Lease
 store = SqliteStore(sys.argv[1], "net")
 with store.transaction() as txn:
@@ -133,3 +135,36 @@ def test_entry_point_as_ipam_plugin_from_40_processes_at_once(tmp_path: Path) ->
     held = service.leased("refnet", ipam, "c7", "eth0", opener=lambda d, n: SqliteStore(d, n))
     assert [str(x.address) for x in held] == [addrs[7]]
     assert isinstance(held[0], IPConfig)
+
+
+def test_leases_of_an_earlier_boot_are_released_on_open(tmp_path: Path) -> None:
+    ipam = parse_ipam({"type": "nodeplug", "ranges": [[{"subnet": "10.44.0.0/24"}]], "dataDir": str(tmp_path)})
+    before = SqliteStore(tmp_path, "net", boot_id="boot-a")
+    with before.transaction() as txn:
+        allocator.allocate(txn, ipam, "old-pod", "eth0")
+        txn.reserve(Lease("10.44.0.50", "legacy", "eth0", "0"))
+    before._conn.execute("UPDATE leases SET boot_id = '' WHERE container_id = 'legacy'")  # written before boot ids
+    before.close()
+    same_boot = SqliteStore(tmp_path, "net", boot_id="boot-a")
+    assert same_boot.released_stale == 0
+    same_boot.close()
+    after = SqliteStore(tmp_path, "net", boot_id="boot-b")
+    assert after.released_stale == 1
+    with after.transaction() as txn:
+        assert sorted(x.container_id for x in txn.leases()) == ["legacy"]  # unknown boot: left to GC
+    after.close()
+
+
+def test_a_store_from_before_boot_ids_is_upgraded_in_place(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "net.db") as c:
+        c.execute(
+            "CREATE TABLE leases (ip TEXT PRIMARY KEY, container_id TEXT NOT NULL, ifname TEXT NOT NULL,"
+            " range_key TEXT NOT NULL)"
+        )
+        c.execute("INSERT INTO leases VALUES ('10.45.0.2', 'kept', 'eth0', '0')")
+    c.close()
+    store = SqliteStore(tmp_path, "net", boot_id="boot-x")
+    with store.transaction() as txn:
+        assert [x.container_id for x in txn.leases()] == ["kept"]
+        assert txn.reserve(Lease("10.45.0.3", "new", "eth0", "0"))
+    store.close()
