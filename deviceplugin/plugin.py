@@ -10,6 +10,8 @@ Change detection, no polling:
   socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
 - a safety re-scan and sync every ``rescan_seconds``, and a timer for devices due to be forgotten.
 
+Start removes what a killed agent left for resources no longer configured (their sockets, their CDI specs).
+
 Reload: resources whose config is unchanged keep running (their streams stay open); added ones start, removed ones
 stop and remove their socket and CDI spec, changed ones restart. A ``host_root`` or ``register_timeout_seconds``
 change restarts every resource.
@@ -22,6 +24,7 @@ import contextlib
 import time
 from typing import Any
 
+from deviceplugin import cdi
 from deviceplugin.config import Config, Resource
 from deviceplugin.inotify import IN_Q_OVERFLOW, Inotify
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
@@ -69,6 +72,7 @@ class DevicePlugin:
                 self._uevents = UeventMonitor(self._on_uevent)
             except OSError as e:
                 self.log.info("no kernel uevents; sysfs hotplug is seen by the safety re-scan", error=str(e))
+            self._remove_leftovers()
             async with self._lock:
                 for res in self.section.resources:
                     await self._start_resource(res)
@@ -147,6 +151,18 @@ class DevicePlugin:
             raise RuntimeError("resources not started: " + "; ".join(failed))
 
     # ------------------------------------------------------------ resources
+
+    def _remove_leftovers(self) -> None:
+        """Sockets and CDI specs of resources no longer configured, left by an agent that was killed."""
+        sockets = {r.socket_name for r in self.section.resources}
+        specs = {cdi.spec_filename(r) for r in self.section.resources if r.cdi}
+        leftovers = [p for p in self.plugin_dir.glob("nodeplug-*.sock") if p.name not in sockets and p.is_socket()]
+        if self.cdi_dir.is_dir():
+            leftovers += [p for p in self.cdi_dir.glob(f"{cdi.VENDOR}-*.json") if p.name not in specs]
+        for p in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            self.log.info("removed a leftover of an earlier run", path=str(p))
 
     async def _start_resource(self, res: Resource) -> None:
         rt = ResourceRuntime(

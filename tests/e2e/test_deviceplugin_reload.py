@@ -24,7 +24,7 @@ from deviceplugin.testing import FakeHost, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.checks import CheckFailed, CheckSkipped
 from nodeplug.config import ConfigError, parse
-from nodeplug.paths import DEVICE_PLUGIN_DIR, Root
+from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
 
 pytestmark = [
@@ -233,3 +233,27 @@ async def test_agent_process_reload_on_sighup(short: Path) -> None:
     assert proc.returncode == 0, text
     assert "deviceplugin.resources[1].name: expected a DNS label" in text
     assert not list(ctx.root(DEVICE_PLUGIN_DIR).glob("nodeplug-*.sock"))  # stop removed every socket
+
+
+async def test_start_removes_leftovers_of_a_killed_agent(short: Path) -> None:
+    host = short / "host"
+    mknod(host, "/dev/fuse")
+    ctx = AgentContext(root=Root(short / "root"))
+    plugin_dir, cdi_dir = ctx.root(DEVICE_PLUGIN_DIR), ctx.root(CDI_DIR)
+    plugin_dir.mkdir(parents=True)
+    cdi_dir.mkdir(parents=True)
+    old = socket.socket(socket.AF_UNIX)
+    old.bind(str(plugin_dir / "nodeplug-gone.sock"))  # a resource the old config had
+    old.close()
+    (plugin_dir / "other-vendor.sock").write_text("")  # not ours: untouched
+    (cdi_dir / "nodeplug.io-gone.json").write_text("{}")
+    (cdi_dir / "nodeplug.io-fuse.json").write_text("{}")  # fuse is configured, but without CDI now
+    (cdi_dir / "vendor.com-gpu.json").write_text("{}")  # not ours: untouched
+    plugin = create(Config.model_validate(section(host, [FUSE])), ctx)
+    await plugin.start()
+    try:
+        assert sorted(p.name for p in plugin_dir.iterdir()) == ["nodeplug-fuse.sock", "other-vendor.sock"]
+        assert sorted(p.name for p in cdi_dir.iterdir()) == ["vendor.com-gpu.json"]
+    finally:
+        await plugin.stop(0)
+    assert sorted(p.name for p in plugin_dir.iterdir()) == ["other-vendor.sock"]
