@@ -163,6 +163,16 @@ def test_group_snapshot_of_subvolumes(manager: VolumeManager) -> None:
     assert not any(os.path.exists(s.path) for s in snaps)
 
 
+def test_condition_of_a_lost_subvolume(manager: VolumeManager) -> None:
+    v = manager.create_volume("lost", CapacityRange(16 * MIB), "mount", "", "", {})
+    assert not manager.volume_condition(v.volume_id).abnormal
+    sh("btrfs", "subvolume", "delete", v.path)
+    cond = manager.volume_condition(v.volume_id)
+    assert cond.abnormal and "missing" in cond.message
+    manager.delete_volume(v.volume_id)  # what is gone is deleted
+    assert manager.list_volumes()[0] == []
+
+
 def test_refuses_a_path_that_is_not_btrfs(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     with pytest.raises(FailedPrecondition, match="not btrfs"):

@@ -526,3 +526,17 @@ async def test_get_capacity_reports_volume_size_bounds(env: Env) -> None:
     resp = await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
     assert resp.maximum_volume_size.value == resp.available_capacity
     assert resp.minimum_volume_size.value == MIB
+
+
+async def test_list_volumes_pagination_as_the_sanity_suite_checks_it(env: Env) -> None:
+    """Delete the last volume of a page and add one: the token still yields total - page entries."""
+    ids = [(await env.stub.CreateVolume(create_req(f"p{i}", size=MIB))).volume.volume_id for i in range(3)]
+    first = await env.stub.ListVolumes(csi_pb2.ListVolumesRequest(max_entries=2))
+    assert first.next_token == "2" and [e.volume.volume_id for e in first.entries] == ids[:2]
+    await env.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=ids[1]))
+    await env.stub.CreateVolume(create_req("p-new", size=MIB))
+    rest = await env.stub.ListVolumes(csi_pb2.ListVolumesRequest(starting_token=first.next_token))
+    assert len(rest.entries) == 3 - 2
+    past = csi_pb2.ListSnapshotsRequest(starting_token="5")
+    await expect(grpc.StatusCode.ABORTED, env.stub.ListSnapshots(past), "past the end")
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, env.stub.ListSnapshots(csi_pb2.ListSnapshotsRequest(max_entries=-1)))
