@@ -84,6 +84,7 @@ class Inotify:
         self._fd = fd
         self._paths: dict[int, str] = {}
         self._wds: dict[str, int] = {}
+        self.exhausted = False  # the kernel refused a watch (fs.inotify.max_user_watches reached)
         self._loop.add_reader(fd, self._readable)
 
     @property
@@ -91,13 +92,16 @@ class Inotify:
         return set(self._wds)
 
     def add(self, path: str, mask: int = DIR_EVENTS) -> bool:
-        """Watch ``path``; False (no error) when it does not exist or is not a directory."""
+        """Watch ``path``; False (no error) when it does not exist, is not a directory, or no watch is left."""
         if path in self._wds:
             return True
         wd = _lib().inotify_add_watch(self._fd, os.fsencode(path), mask)
         if wd < 0:
             e = ctypes.get_errno()
             if e in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):
+                return False
+            if e == errno.ENOSPC:
+                self.exhausted = True
                 return False
             raise _oserror(f"inotify_add_watch {path}")
         old = self._paths.get(wd)

@@ -8,7 +8,9 @@ Change detection, no polling:
 - inotify on the device-plugins directory (and its parent, in case the directory itself is removed and made again):
   any change there runs :meth:`ResourceRuntime.sync` for every resource at once, which re-serves a resource whose
   socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
-- a safety re-scan and sync every ``rescan_seconds``, and a timer for devices due to be forgotten.
+- a safety re-scan and sync every ``rescan_seconds``, and a timer for devices due to be forgotten;
+- without inotify (``fs.inotify.max_user_instances`` or ``max_user_watches`` exhausted on a busy node) the plugin
+  keeps working: it says so once and re-scans and syncs every :data:`FALLBACK_POLL` seconds instead.
 
 Start removes what a killed agent left for resources no longer configured (their sockets, their CDI specs).
 
@@ -34,6 +36,7 @@ from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext, Readiness
 
 DEBOUNCE = 0.01
+FALLBACK_POLL = 1.0
 RELOAD_GRACE = 1.0  # in-flight Allocate calls of a removed or changed resource get this long to finish
 UEVENT = "<uevent>"  # pending marker: a kernel uevent, re-scan the resources that read sysfs
 
@@ -67,7 +70,10 @@ class DevicePlugin:
         self.metrics.attach()
         try:
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
-            self._inotify = Inotify(self._on_inotify)
+            try:
+                self._inotify = Inotify(self._on_inotify)
+            except OSError as e:
+                self.log.warning("no inotify; polling every second instead", error=str(e), poll=FALLBACK_POLL)
             try:
                 self._uevents = UeventMonitor(self._on_uevent)
             except OSError as e:
@@ -266,9 +272,18 @@ class DevicePlugin:
             r.expire()
         self._rewatch()
 
+    @property
+    def polling(self) -> bool:
+        """inotify is missing or could not watch everything: poll every :data:`FALLBACK_POLL` seconds."""
+        return self._inotify is None or self._inotify.exhausted
+
     async def _safety_loop(self) -> None:
+        warned = False
         while True:
-            await asyncio.sleep(self.section.rescan_seconds)
+            if self.polling and not warned and self._inotify is not None:
+                self.log.warning("inotify watches exhausted (fs.inotify.max_user_watches); polling every second")
+                warned = True
+            await asyncio.sleep(FALLBACK_POLL if self.polling else self.section.rescan_seconds)
             self._pending = None
             self._scan()
             self._schedule_sync()

@@ -221,3 +221,17 @@ async def test_gone_device_is_forgotten_after_the_grace(h: Harness) -> None:
     await ep.wait_listing(lambda listing: health(listing) == {"ttyUSB0": "Unhealthy"}, 1)
     await ep.wait_listing(lambda listing: listing == [], 2)
     assert 0.25 <= time.monotonic() - t0 < 1.0
+
+
+async def test_without_inotify_it_polls_every_second(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_inotify(*_: Any) -> None:
+        raise OSError(24, "inotify_init1: Too many open files")
+
+    monkeypatch.setattr("deviceplugin.plugin.Inotify", no_inotify)
+    plugin = await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"]}]))
+    assert plugin.polling
+    ep = await h.ep("serial")
+    h.mknod("/dev/ttyUSB0")
+    await ep.wait_listing(lambda listing: ids(listing) == ["ttyUSB0"], 2.5)
+    await h.kubelet.restart()
+    await h.ep("serial", after=1)
