@@ -194,6 +194,10 @@ def generate_conflist(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.mtu is not None:
         plugin["mtu"] = args.mtu
+    if args.socket is not None:
+        plugin["socket"] = args.socket
+    if args.ipam_data_dir is not None:
+        plugin["ipam"]["dataDir"] = args.ipam_data_dir
     return {"cniVersion": args.cni_version, "name": args.network_name, "plugins": [plugin]}
 
 
@@ -404,6 +408,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtu", type=int, choices=range(68, 65536), metavar="MTU", help="pod interface MTU")
     parser.add_argument(
         "--no-ip-masq", dest="ip_masq", action="store_false", help="do not masquerade pod traffic leaving the node"
+    )
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the agent's CNI socket (the agent config's cni.socket; default /run/nodeplug/cni.sock)",
+    )
+    parser.add_argument(
+        "--ipam-data-dir", metavar="DIR", help="where leases are kept on the host (default /var/lib/nodeplug/ipam)"
     )
     parser.add_argument("--force", action="store_true", help="take over a nodeplug file or conflist not written here")
 

@@ -304,7 +304,9 @@ def test_mounts_the_issue_asks_for_with_the_right_propagation(pod: dict[str, Any
     assert container(pod, "agent")["securityContext"]["privileged"] is True
 
 
-def test_the_network_ipam_data_and_socket_of_the_conflist_are_mounted(pod: dict[str, Any]) -> None:
+def test_the_network_ipam_data_and_socket_of_the_conflist_are_mounted(
+    pod: dict[str, Any], agent_config: AgentConfig
+) -> None:
     init = container(pod, "install-cni")
     args = cli.build_parser().parse_args(init["command"][1:])
     conf = installcni.generate_conflist(args)
@@ -314,6 +316,7 @@ def test_the_network_ipam_data_and_socket_of_the_conflist_are_mounted(pod: dict[
 
     parsed = parse_netconf({**plugin, "cniVersion": conf["cniVersion"], "name": conf["name"]})
     assert isinstance(parsed, BridgeConf) and parsed.ipam_conf is not None
+    assert parsed.socket == agent_config.cni.socket, "the entry point must dial where the agent serves"
     assert _mounted(parsed.socket, pod) is not None
     assert _mounted(parsed.ipam_conf.data_dir, pod) is not None
 
