@@ -22,7 +22,7 @@ from pathlib import Path
 
 from deviceplugin import cdi, discovery, health
 from deviceplugin.broadcast import Broadcast
-from deviceplugin.config import Resource
+from deviceplugin.config import HealthSpec, Resource
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
 from deviceplugin.registration import Identity, describe, identity, register
 from deviceplugin.servicer import DevicePluginServicer, listing_message
@@ -182,18 +182,24 @@ class ResourceRuntime:
         assert spec is not None
         while True:
             self._health_kick.clear()
-            results = await health.check_all(spec, self.table.devices())
-            changed = False
-            for dev_id, failure in results.items():
-                before = self.table.reason(dev_id)
-                changed |= self.table.set_command_health(dev_id, failure)
-                after = self.table.reason(dev_id)
-                if before != after:
-                    self.log.info("health", device_id=dev_id, healthy=not after, reason=after or None)
-            if changed:
-                self.updates.publish(listing_message(self.table.listing))
+            try:
+                await self._check_health(spec)
+            except Exception:  # keep checking: a bug here must not freeze every device's health
+                self.log.error("health check round failed", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._health_kick.wait(), spec.interval_seconds)
+
+    async def _check_health(self, spec: HealthSpec) -> None:
+        results = await health.check_all(spec, self.table.devices())
+        changed = False
+        for dev_id, failure in results.items():
+            before = self.table.reason(dev_id)
+            changed |= self.table.set_command_health(dev_id, failure)
+            after = self.table.reason(dev_id)
+            if before != after:
+                self.log.info("health", device_id=dev_id, healthy=not after, reason=after or None)
+        if changed:
+            self.updates.publish(listing_message(self.table.listing))
 
     # ------------------------------------------------------------ Allocate support
 
@@ -235,9 +241,6 @@ class ResourceRuntime:
                 self.registered = False
                 self._reg_state = ""  # log the outcome of the next attempt, whatever it is
             self._kick.set()
-
-    def kick(self) -> None:
-        self._kick.set()
 
     async def _register_loop(self) -> None:
         while True:
