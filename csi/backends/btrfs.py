@@ -124,7 +124,7 @@ class BtrfsBackend:
                 promised += max(0, v.capacity_bytes - (used.get(sid, 0) if sid else 0))
         for v in vols:
             if not v.is_subvolume:
-                promised += max(0, v.capacity_bytes - fileops.allocated_bytes(Path(v.path)))
+                promised += max(0, v.capacity_bytes - fileops.allocated_bytes(v.path))
         return max(0, fileops.free_bytes(self.base) - promised - self.reserved_bytes)
 
     # ------------------------------------------------------------ subvolume helpers

@@ -90,7 +90,7 @@ def copy_file(src: Path, dst: Path) -> str:
     return "sparse"
 
 
-def allocated_bytes(path: Path) -> int:
+def allocated_bytes(path: str | Path) -> int:
     """Bytes actually allocated on disk for ``path`` (0 when it is missing)."""
     try:
         return os.stat(path).st_blocks * 512

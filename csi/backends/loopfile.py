@@ -65,9 +65,10 @@ class LoopfileBackend:
     def free_bytes(self, volumes: Iterable[Volume]) -> int:
         self.ready()
         promised = 0
+        prefix = str(self.base) + "/"  # recorded paths are the ones built here: a prefix test is enough
         for v in volumes:
-            if v.backend == self.name and not v.is_subvolume and self.owns(v.path):
-                promised += max(0, v.capacity_bytes - fileops.allocated_bytes(Path(v.path)))
+            if v.backend == self.name and not v.is_subvolume and v.path.startswith(prefix):
+                promised += max(0, v.capacity_bytes - fileops.allocated_bytes(v.path))
         return max(0, fileops.free_bytes(self.base) - promised - self.reserved_bytes)
 
     def volume_file(self, volume_id: str) -> Path:
