@@ -105,7 +105,14 @@ class LoopfileBackend:
             raise
         return self._commit(tmp, final)
 
+    @staticmethod
+    def _require(path: Path, what: str) -> Path:
+        if not path.is_file():
+            raise FailedPrecondition(f"{what} {path} is missing: the volume's data is gone (see ControllerGetVolume)")
+        return path
+
     def _copy_in(self, src: Path, volume_id: str, size: int, access_type: str, fs_type: str) -> str:
+        self._require(src, "source file")
         final = self.volume_file(volume_id)
         tmp = self._fresh(final)
         try:
@@ -131,7 +138,7 @@ class LoopfileBackend:
         fileops.remove_under(fileops.tmp_name(Path(volume.path)), self.base)
 
     def expand(self, volume: Volume, new_size: int) -> bool:
-        fileops.grow_file(Path(volume.path), new_size)
+        fileops.grow_file(self._require(Path(volume.path), "backing file"), new_size)
         return True
 
     # ------------------------------------------------------------ snapshots
@@ -140,7 +147,7 @@ class LoopfileBackend:
         final = self.snapshot_file(snapshot_id)
         tmp = self._fresh(final)
         try:
-            how = fileops.copy_file(Path(volume.path), tmp)
+            how = fileops.copy_file(self._require(Path(volume.path), "backing file"), tmp)
             os.chmod(tmp, 0o400)
         except BaseException:
             fileops.remove_under(tmp, self.base)

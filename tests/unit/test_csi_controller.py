@@ -540,3 +540,20 @@ async def test_list_volumes_pagination_as_the_sanity_suite_checks_it(env: Env) -
     past = csi_pb2.ListSnapshotsRequest(starting_token="5")
     await expect(grpc.StatusCode.ABORTED, env.stub.ListSnapshots(past), "past the end")
     await expect(grpc.StatusCode.INVALID_ARGUMENT, env.stub.ListSnapshots(csi_pb2.ListSnapshotsRequest(max_entries=-1)))
+
+
+async def test_operations_on_a_volume_whose_file_is_gone(env: Env) -> None:
+    v = (await env.stub.CreateVolume(create_req("lost"))).volume
+    os.unlink(env.manager.get_volume(v.volume_id).path)
+    fp = grpc.StatusCode.FAILED_PRECONDITION
+    snap = csi_pb2.CreateSnapshotRequest(name="s-lost", source_volume_id=v.volume_id)
+    await expect(fp, env.stub.CreateSnapshot(snap), "is missing")
+    grow = csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=v.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=64 * MIB)
+    )
+    await expect(fp, env.stub.ControllerExpandVolume(grow), "is missing")
+    src = csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=v.volume_id))
+    await expect(fp, env.stub.CreateVolume(create_req("clone-lost", volume_content_source=src)), "is missing")
+    assert env.manager.get_volume(v.volume_id).capacity_bytes == 16 * MIB  # nothing half-changed
+    assert env.manager.list_snapshots()[0] == [] and env.manager.unrecorded() == []
+    await env.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
