@@ -1,1 +1,13 @@
-"""kubelet device plugin (v1beta1): discovery, health, allocation, CDI, registration."""
+"""kubelet device plugin (v1beta1): discovery, health, allocation, CDI, registration.
+
+Layers, each importing only those above it:
+
+- pure core: :mod:`config` (the section), :mod:`discovery` (devices under a host root), :mod:`state` (the device
+  table and health reasons), :mod:`policy` (preferred allocation, Allocate checks), :mod:`cdi` (container edits,
+  CDI specs), :mod:`broadcast` (latest-value fan-out to streams);
+- edges: :mod:`health` (health/reset commands), :mod:`inotify`, :mod:`uevent`, :mod:`servicer` (v1beta1
+  DevicePlugin), :mod:`registration` (Register with kubelet), :mod:`metrics`;
+- lifecycle: :mod:`resource` (one resource: socket, registration, health loop), :mod:`plugin` (all resources,
+  change detection, reload; ``create`` for the agent shell), :mod:`doctor`;
+- for tests, the benchmark and demos: :mod:`kubeletstub` (a kubelet stand-in), :mod:`testing` (fake host, harness).
+"""
