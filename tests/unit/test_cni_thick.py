@@ -272,3 +272,19 @@ def test_lean_json_matches_the_json_module(value: Any) -> None:
 def test_lean_json_rejects_what_json_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         thick.loads(text)
+
+
+async def test_reload_moves_the_socket(tmp_root: Path) -> None:
+    plugin = create(Config(), AgentContext(root=Root(tmp_root)))
+    await plugin.start()
+    try:
+        await plugin.reload(Config(workers=2))  # same socket, new pool: restarted in place
+        assert (tmp_root / "run/nodeplug/cni.sock").is_socket() and plugin.readiness().ready
+        await plugin.reload(Config(socket="/run/nodeplug/other.sock"))
+        assert not (tmp_root / "run/nodeplug/cni.sock").exists()
+        assert (tmp_root / "run/nodeplug/other.sock").is_socket() and plugin.readiness().ready
+        await plugin.reload(Config(socket="/run/nodeplug/other.sock", handshake_timeout=1.0))  # applied live
+        assert plugin.section.handshake_timeout == 1.0
+    finally:
+        await plugin.stop(1.0)
+    assert not (tmp_root / "run/nodeplug/other.sock").exists()
