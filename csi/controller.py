@@ -206,7 +206,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         except InvalidArgument as e:
             return csi_pb2.ValidateVolumeCapabilitiesResponse(message=str(e))
         problem = ""
-        if access_type != v.access_type:
+        backend = request.parameters.get("backend", "")
+        if backend and backend != v.backend:
+            problem = f"volume {v.volume_id} is on the {v.backend} backend, not {backend}"
+        elif access_type != v.access_type:
             problem = f"volume {v.volume_id} is a {v.access_type} volume, not {access_type}"
         elif fs_type and fs_type != v.fs_type:
             problem = f"volume {v.volume_id} holds {v.fs_type}, not {fs_type}"

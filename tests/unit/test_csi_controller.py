@@ -307,6 +307,9 @@ async def test_validate_volume_capabilities(env: Env) -> None:
     for wrong in (cap(block=True), cap(fs="xfs"), cap(_Mode.MULTI_NODE_MULTI_WRITER)):
         no = await env.stub.ValidateVolumeCapabilities(V(volume_id=v.volume_id, volume_capabilities=[wrong]))
         assert not no.HasField("confirmed") and no.message
+    other_backend = V(volume_id=v.volume_id, volume_capabilities=[cap()], parameters={"backend": "btrfs"})
+    no = await env.stub.ValidateVolumeCapabilities(other_backend)
+    assert not no.HasField("confirmed") and "loopfile" in no.message
 
 
 # ---------------------------------------------------------------- ListVolumes and GetCapacity
