@@ -5,6 +5,7 @@
     deviceplugin:
       host_root: /                    # where the node's /dev and /sys are seen (a DaemonSet mounts the host at /host)
       rescan_seconds: 30              # safety re-scan; changes are seen at once through inotify and uevents
+      register_timeout_seconds: 5     # one Register call to kubelet; retried with backoff
       resources:
         - name: fuse                  # advertised to kubelet as nodeplug.io/fuse
           devices: [/dev/fuse]        # device-node globs; one device per matching node
@@ -13,8 +14,10 @@
             - {vendor: "8086", device: "1572", class_prefix: "0200", nodes: ["/dev/vfio/{iommu_group}"]}
           nodes: [/dev/vfio/vfio]     # extra nodes given with every device of this resource
         - name: serial
-          usb: [{vendor: "0403", product: "6001"}]
+          usb: [{vendor: "0403", product: "6001", serial: "A10K3XYZ"}]    # serial is optional
           replicas: 1                 # N pods share one device when > 1 (IDs "<id>::<k>")
+          allocation: spread          # replicas on distinct devices first (spread) or fill one device first (pack)
+          forget_after_seconds: 300   # a vanished device is listed unhealthy this long, then dropped
           permissions: rw             # rw | rwm
           cdi: false                  # true: write a CDI spec and answer with CDI device names
           mounts: [{host_path: /etc/x, container_path: /etc/x, read_only: true}]
@@ -22,9 +25,10 @@
           health: {command: [/usr/local/bin/check, "{path}"], timeout_seconds: 5, interval_seconds: 10}
           reset: {command: [/usr/local/bin/reset, "{id}"], timeout_seconds: 30}
 
-Placeholders in ``health``/``reset`` commands: ``{id}`` (device ID without the replica suffix), ``{path}`` (first device
-node as the host sees it), ``{address}`` (PCI address or USB sysfs name, empty for globs). PCI ``nodes`` templates take
-``{address}`` and ``{iommu_group}``. Every validation error names its field path.
+Placeholders in ``health``/``reset`` commands: ``{id}`` (device ID without the replica suffix), ``{path}`` (first
+device node as the agent sees it, under ``host_root``), ``{address}`` (PCI address or USB sysfs name, empty for
+globs). PCI ``nodes`` templates take ``{address}`` and ``{iommu_group}``. Every validation error names its field
+path.
 """
 
 from __future__ import annotations

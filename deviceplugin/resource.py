@@ -190,7 +190,7 @@ class ResourceRuntime:
                 await asyncio.wait_for(self._health_kick.wait(), spec.interval_seconds)
 
     async def _check_health(self, spec: HealthSpec) -> None:
-        results = await health.check_all(spec, self.table.devices())
+        results = await health.check_all(spec, self.table.devices(), self.host_root)
         changed = False
         for dev_id, failure in results.items():
             before = self.table.reason(dev_id)
@@ -208,7 +208,7 @@ class ResourceRuntime:
 
     async def reset(self, entries: list[Listed]) -> None:
         if self.res.reset is not None:
-            await health.reset(self.res.reset, [e.device for e in entries])
+            await health.reset(self.res.reset, [e.device for e in entries], self.host_root)
 
     # ------------------------------------------------------------ serving and registration
 

@@ -17,6 +17,7 @@ DEV = Device("0000:3b:00.0", (DeviceNode("/dev/vfio/40", "/dev/vfio/40"),), 0, "
 def test_fill_replaces_placeholders_without_splitting() -> None:
     argv = fill(["check", "--dev={path}", "{id}", "addr {address}"], DEV)
     assert argv == ["check", "--dev=/dev/vfio/40", "0000:3b:00.0", "addr 0000:3b:00.0"]
+    assert fill(["check", "{path}"], DEV, "/host") == ["check", "/host/dev/vfio/40"]  # as the agent sees it
 
 
 async def test_check_pass_fail_timeout_and_not_startable(tmp_path: Path) -> None:
