@@ -6,15 +6,18 @@ delegated) and exactly the network config the runtime gave us on stdin. A non-ze
 error JSON, which is passed on unchanged (code, msg, details).
 
 The child gets an explicit environment (the request's ``CNI_*`` variables, not this process's): in the agent many
-requests run at once, each with its own. That is why this runs ``subprocess.run`` directly rather than
-``nodeplug.commands.run``, which inherits the process environment; it keeps that helper's rules (argument list,
-timeout, no shell, errors naming the command and its stderr).
+requests run at once, each with its own; and a non-zero exit's stdout matters. That is why this runs the child itself
+rather than through ``nodeplug.commands.run`` (process environment, stdout dropped on failure); it keeps that
+helper's rules: argument list, no shell, a timeout (the child's whole session is killed), errors naming the command
+and its stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +44,32 @@ def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> Path:
     )
 
 
+def _run(exe: Path, command: str, env: Mapping[str, str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
+    """Run in its own session so a timeout kills the plugin and anything it started (which would otherwise hold
+    its output pipes open past the timeout)."""
+    try:
+        proc = subprocess.Popen(
+            [str(exe)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise CniError(DELEGATE, details=f"{exe} {command} could not be run: {e}") from None
+    with proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise CniError(DELEGATE, details=f"{exe} {command} timed out after {timeout:g}s") from None
+    return proc.returncode, out, err
+
+
 def exec_plugin(
     plugin_type: str,
     command: str,
@@ -52,24 +81,17 @@ def exec_plugin(
     """Run the delegate; its parsed stdout for ADD (and any command that prints), None when it prints nothing."""
     exe = find_plugin(plugin_type, cni_path)
     env = {"PATH": os.environ.get("PATH", _DEFAULT_PATH), **cni_env, "CNI_COMMAND": command}
-    try:
-        proc = subprocess.run(
-            [str(exe)], input=stdin, capture_output=True, env=env, timeout=timeout, check=False, close_fds=True
-        )
-    except subprocess.TimeoutExpired:
-        raise CniError(DELEGATE, details=f"{exe} {command} timed out after {timeout:g}s") from None
-    except OSError as e:
-        raise CniError(DELEGATE, details=f"{exe} {command} could not be run: {e}") from None
-    out = proc.stdout.strip()
-    if proc.returncode != 0:
+    returncode, stdout, stderr = _run(exe, command, env, stdin, timeout)
+    out = stdout.strip()
+    if returncode != 0:
         try:
             data = json.loads(out) if out else None
         except ValueError:
             data = None
         if isinstance(data, dict) and isinstance(data.get("code"), int):
             raise CniError.from_dict(data, str(exe))
-        err = proc.stderr.decode(errors="replace").strip() or out.decode(errors="replace")
-        raise CniError(DELEGATE, details=f"{exe} {command} exited with status {proc.returncode}: {err[:500]}")
+        err = stderr.decode(errors="replace").strip() or out.decode(errors="replace")
+        raise CniError(DELEGATE, details=f"{exe} {command} exited with status {returncode}: {err[:500]}")
     if not out:
         return None
     try:
