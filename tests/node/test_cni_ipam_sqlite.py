@@ -168,3 +168,15 @@ def test_a_store_from_before_boot_ids_is_upgraded_in_place(tmp_path: Path) -> No
         assert [x.container_id for x in txn.leases()] == ["kept"]
         assert txn.reserve(Lease("10.45.0.3", "new", "eth0", "0"))
     store.close()
+
+
+def test_status_is_code_50_when_the_store_cannot_be_written(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    conf = _ipam_plugin_conf(blocker / "ipam")
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "STATUS"}
+    p = subprocess.run(
+        ENTRY, input=json.dumps({**conf, "cniVersion": "1.1.0"}).encode(), capture_output=True, env=env, timeout=30
+    )
+    err = json.loads(p.stdout)
+    assert p.returncode == 1 and err["code"] == 50 and str(blocker) in err["details"]
