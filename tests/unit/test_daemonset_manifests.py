@@ -470,7 +470,10 @@ def test_sidecars_reach_the_drivers_socket_and_run_on_every_node(
     vols = {v["name"]: v for v in pod["volumes"]}
     rpc = csi_pb2.PluginCapability.Service
     topology = any(c.service.type == rpc.VOLUME_ACCESSIBILITY_CONSTRAINTS for c in csi_identity.plugin_capabilities())
-    assert topology and TOPOLOGY_KEY.startswith("topology.")
+    # Volumes are reachable from one node only (the driver reports TOPOLOGY_KEY per node): the provisioner must
+    # ask for exactly the selected node's segment.
+    assert topology, "node-deployed provisioning needs VOLUME_ACCESSIBILITY_CONSTRAINTS"
+    assert "--strict-topology=true" in container(pod, "csi-provisioner")["args"], TOPOLOGY_KEY
     for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
         c = container(pod, name)
         address = PurePosixPath(next(a for a in c["args"] if a.startswith("--csi-address=")).split("=", 1)[1])
