@@ -132,8 +132,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 out.container_responses.append(edits_message(container_edits(self.b.res, entries)))
         except (PolicyError, OSError) as e:
             await _status(context, e, "Allocate")
+        finally:  # every answer, refusals included
+            self.b.metrics.allocate_seconds.labels(name).observe(time.perf_counter() - start)
         self.b.metrics.allocations.labels(name).inc(sum(len(c) for c in chosen))
-        self.b.metrics.allocate_seconds.labels(name).observe(time.perf_counter() - start)
         return out
 
     async def PreStartContainer(
