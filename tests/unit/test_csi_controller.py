@@ -28,6 +28,8 @@ from csi.model import PublishRecord, StageRecord
 from csi.state import StateStore
 from csi.volumes import CapacityRange, VolumeManager, derive_id
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
+from nodeplug.grpcserve import UnixGrpcServer
+from nodeplug.metrics import Metrics
 from nodeplug.paths import Root
 
 pytestmark = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="needs mkfs.ext4 (e2fsprogs)")
@@ -560,3 +562,34 @@ async def test_operations_on_a_volume_whose_file_is_gone(env: Env) -> None:
     assert env.manager.get_volume(v.volume_id).capacity_bytes == 16 * MIB  # nothing half-changed
     assert env.manager.list_snapshots()[0] == [] and env.manager.unrecorded() == []
     await env.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
+
+
+async def test_status_codes_reach_the_agents_rpc_metrics(tmp_path: Path) -> None:
+    """Served the way the plugin serves it (UnixGrpcServer and its interceptor), a domain error is counted with
+    its status code."""
+    cfg = Config(node_id=NODE)
+    store = StateStore(tmp_path / "state.db")
+    manager = VolumeManager(store, cfg, root=Root(tmp_path))
+    metrics = Metrics()
+    sockdir = Path(tempfile.mkdtemp(prefix="npcsi-"))
+    server = UnixGrpcServer(sockdir / "csi.sock", "csi", metrics)
+    server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(manager, cfg))
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"unix://{sockdir}/csi.sock") as ch:
+            stub = csi_pb2_grpc.ControllerStub(ch)
+            await stub.CreateVolume(create_req())
+            await expect(grpc.StatusCode.ALREADY_EXISTS, stub.CreateVolume(create_req(size=32 * MIB)))
+            await expect(
+                grpc.StatusCode.NOT_FOUND,
+                stub.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id="vol-x")),
+            )
+    finally:
+        await server.stop(0)
+        store.close()
+        shutil.rmtree(sockdir, ignore_errors=True)
+    text = metrics.render().decode()
+    create = "/csi.v1.Controller/CreateVolume"
+    assert f'nodeplug_rpc_total{{code="OK",method="{create}",plugin="csi"}} 1.0' in text
+    assert f'nodeplug_rpc_total{{code="ALREADY_EXISTS",method="{create}",plugin="csi"}} 1.0' in text
+    assert 'code="NOT_FOUND",method="/csi.v1.Controller/ControllerGetVolume"' in text
