@@ -70,6 +70,33 @@ class FakeHost:
         link.symlink_to(os.path.relpath(d, link.parent))
         return d
 
+    def usb(
+        self, name: str, vendor: str, product: str, serial: str | None = None, busdev: str = "001/002", numa: int = -1
+    ) -> Path:
+        """A USB device under a fake xHCI controller, with its bus node; add ttys with :meth:`usb_tty`."""
+        ctrl = self.root / "sys/devices/pci0000:00/0000:00:14.0"
+        ctrl.mkdir(parents=True, exist_ok=True)
+        if numa >= 0 or not (ctrl / "numa_node").exists():  # the controller is shared: keep a NUMA node once set
+            (ctrl / "numa_node").write_text(f"{numa}\n")
+        d = ctrl / "usb1" / name
+        d.mkdir(parents=True)
+        files = {"idVendor": vendor, "idProduct": product, "dev": "189:1", "uevent": f"DEVNAME=bus/usb/{busdev}"}
+        if serial is not None:
+            files["serial"] = serial
+        for f, text in files.items():
+            (d / f).write_text(text + "\n")
+        link = self.root / "sys/bus/usb/devices" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(d, link.parent))
+        return d
+
+    def usb_tty(self, usb_dir: Path, tty: str) -> None:
+        """A tty node under a USB device's first interface, as usb-serial drivers make them."""
+        d = usb_dir / f"{usb_dir.name}:1.0" / tty / "tty" / tty
+        d.mkdir(parents=True)
+        (d / "dev").write_text("188:0\n")
+        (d / "uevent").write_text(f"MAJOR=188\nMINOR=0\nDEVNAME={tty}\n")
+
 
 class Harness:
     """The plugin on a temporary agent root, a kubelet stand-in on its kubelet.sock, and a fake host."""

@@ -104,3 +104,38 @@ async def test_register_list_prefer_allocate_restart(s: Setup) -> None:
     again = await s.kubelet.wait_registered("nodeplug.io/gpu", after=1)
     assert len(again.latest) == 5
     assert s.plugin is not None and s.plugin.readiness().ready
+
+
+async def test_usb_serial_adapters_by_vendor_product() -> None:
+    base = short_tempdir()
+    fake = FakeHost(base / "host")
+    ctx = AgentContext(root=Root(base / "root"))
+    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
+    ftdi = fake.usb("1-1", "0403", "6001", serial="A10K", busdev="001/002", numa=0)
+    fake.usb_tty(ftdi, "ttyUSB0")
+    fake.file("/dev/bus/usb/001/002")
+    fake.file("/dev/ttyUSB0")
+    fake.usb("1-2", "046d", "c52b", busdev="001/003")  # a mouse: not ours
+    cfg = Config.model_validate(
+        {"host_root": str(fake.root), "resources": [{"name": "serial", "usb": [{"vendor": "0403", "product": "6001"}]}]}
+    )
+    await kubelet.start()
+    plugin = create(cfg, ctx)
+    await plugin.start()
+    try:
+        ep = await kubelet.wait_registered("nodeplug.io/serial")
+        assert ep.latest == [("1-1", "Healthy", (0,))]
+        req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["1-1"])])
+        resp = await ep.stub.Allocate(req)
+        assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/bus/usb/001/002", "/dev/ttyUSB0"]
+        second = fake.usb("1-3", "0403", "6001", busdev="001/004")  # plugged in: sysfs (inotify on the fake tree)
+        fake.usb_tty(second, "ttyUSB1")
+        fake.file("/dev/bus/usb/001/004")
+        fake.file("/dev/ttyUSB1")
+        await ep.wait_listing(lambda listing: [d[0] for d in listing] == ["1-1", "1-3"], 1)
+        os.unlink(fake.root / "dev/ttyUSB0")  # the tty node vanished while the USB device stays: unhealthy
+        await ep.wait_listing(lambda listing: listing[0][1] == "Unhealthy", 1)
+    finally:
+        await plugin.stop(0)
+        await kubelet.stop()
+        shutil.rmtree(base)
