@@ -132,11 +132,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
 
     def _check_topology(self, req: Any) -> None:
-        """RESOURCE_EXHAUSTED when the requisite (else preferred) topologies all exclude this node."""
+        """RESOURCE_EXHAUSTED when the requisite topologies all exclude this node.
+
+        Preferred topologies alone do not bind: without a requisite list the spec lets the plugin choose any
+        topology it can serve, and this node is the only one it can.
+        """
         if not req.HasField("accessibility_requirements"):
             return
-        ar = req.accessibility_requirements
-        wanted = list(ar.requisite) or list(ar.preferred)
+        wanted = list(req.accessibility_requirements.requisite)
         if not wanted:
             return
         ours = self.manager.topology

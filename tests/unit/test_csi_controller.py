@@ -165,6 +165,13 @@ async def test_create_volume_topology(env: Env) -> None:
     req = create_req(accessibility_requirements=csi_pb2.TopologyRequirement(requisite=[other, ours], preferred=[ours]))
     resp = await env.stub.CreateVolume(req)
     assert dict(resp.volume.accessible_topology[0].segments) == {TOPOLOGY_KEY: NODE}
+    # preferred alone does not bind (the spec lets the plugin pick any topology it serves)
+    req = create_req("pref", accessibility_requirements=csi_pb2.TopologyRequirement(preferred=[other]))
+    resp = await env.stub.CreateVolume(req)
+    assert dict(resp.volume.accessible_topology[0].segments) == {TOPOLOGY_KEY: NODE}
+    zone = csi_pb2.Topology(segments={TOPOLOGY_KEY: NODE, "topology.kubernetes.io/zone": "z1"})
+    req = create_req("zoned", accessibility_requirements=csi_pb2.TopologyRequirement(requisite=[zone]))
+    await expect(grpc.StatusCode.RESOURCE_EXHAUSTED, env.stub.CreateVolume(req))
 
 
 async def test_create_volume_capacity_errors(env: Env) -> None:
