@@ -39,28 +39,54 @@ def _sources_hash() -> str:
     return h.hexdigest()[:16]
 
 
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    """The real CNI bundle for the sources in the tree (built once per source change, about 20 s)."""
+def _build(cache: Path, *extra: str, pythonpath: str = "") -> Path:
+    """Build a bundle into ``cache/<hash of the sources>`` unless it is there (other builds in ``cache`` go)."""
     if importlib.util.find_spec("PyInstaller") is None:
         pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
     static_libc = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
     if shutil.which("gcc") is None or not any(Path(p).exists() for p in static_libc):
         pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
-    out = CACHE / _sources_hash()
+    out = cache / _sources_hash()
     if not (out / "nodeplug").exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE / f".tmp-{os.getpid()}"
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".tmp-{os.getpid()}"
+        env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
         p = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp)],
-            capture_output=True, text=True, timeout=600, check=False,
+            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
+            capture_output=True, text=True, timeout=600, check=False, env=env,
         )  # fmt: skip
         assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
-        for old in CACHE.iterdir():
+        for old in cache.iterdir():
             if old != tmp:
                 shutil.rmtree(old, ignore_errors=True)
         os.rename(tmp, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    """The real CNI bundle for the sources in the tree (built once per source change, about 20 s)."""
+    return _build(CACHE)
+
+
+PROBE = """\
+import json
+import os
+import sys
+
+
+def main():
+    sys.stdout.write(json.dumps(dict(os.environ)))
+    return 0
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bundle built the same way around an entry point that prints the environment it runs with."""
+    src = tmp_path_factory.mktemp("probe")
+    (src / "nodeplug_env_probe.py").write_text(PROBE)
+    return _build(REPO / "build" / "test-cni-probe", "--entry", "nodeplug_env_probe:main", pythonpath=str(src))
 
 
 @pytest.fixture
@@ -166,3 +192,50 @@ def test_add_and_del_a_pod_network_standalone(
     assert code == 0, result2
     code, _ = call(busybox_root, hostns, "DEL", {**conf, "prevResult": result2}, **env2)
     assert code == 0
+
+
+def test_a_delegated_ipam_plugin_runs_from_the_bundle(
+    busybox_root: Path, netns: Callable[[], str], mounts: Callable[[Path], Path]
+) -> None:
+    """The bundle execs a host plugin (a busybox script as IPAM) with the request's environment, none of its own."""
+    hostns, podns = netns(), netns()
+    target = busybox_root / "var/run/netns/pod"
+    target.touch()
+    subprocess.run(["mount", "--bind", f"/run/netns/{podns}", str(mounts(target))], check=True, timeout=10)
+    script = busybox_root / "opt/cni/bin/envdump"
+    script.write_text(
+        "#!/bin/sh\n"
+        'env > "/tmp/ipam-env-$CNI_COMMAND"\n'
+        'if [ "$CNI_COMMAND" = ADD ]; then\n'
+        '  echo \'{"cniVersion":"1.0.0","ips":[{"address":"10.97.0.5/24","gateway":"10.97.0.1"}]}\'\n'
+        "fi\n"
+    )
+    script.chmod(0o755)
+    conf = {**network_conf(busybox_root), "bridge": "npenv0", "ipam": {"type": "envdump"}}
+    env = {"CNI_CONTAINERID": "chroot-env", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0"}
+    code, result = call(busybox_root, hostns, "ADD", conf, **env)
+    assert code == 0, result
+    assert result["ips"][0]["address"] == "10.97.0.5/24"  # type: ignore[index]
+    shown = subprocess.run(["ip", "-n", podns, "-j", "addr", "show", "eth0"], capture_output=True, text=True,
+                           check=True, timeout=10).stdout  # fmt: skip
+    assert "10.97.0.5" in shown
+    seen = dict(line.split("=", 1) for line in (busybox_root / "tmp/ipam-env-ADD").read_text().splitlines())
+    assert seen["CNI_COMMAND"] == "ADD" and seen["CNI_CONTAINERID"] == "chroot-env"
+    assert not [k for k, v in seen.items() if k.startswith("_PYI") or "nodeplug.d" in v], seen
+    code, out = call(busybox_root, hostns, "DEL", {**conf, "prevResult": result}, **env)
+    assert code == 0, out
+    assert (busybox_root / "tmp/ipam-env-DEL").exists()
+
+
+@pytest.mark.parametrize("callers", [None, "/callers/libs"])
+def test_the_entry_point_runs_with_the_callers_environment(probe_bundle: Path, callers: str | None) -> None:
+    """Commands the entry point runs (nft, ip) inherit its environment: the bundle's loader path and PyInstaller's
+    bookkeeping must be gone by then, and the caller's LD_LIBRARY_PATH back."""
+    env = {"CNI_COMMAND": "ADD", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if callers is not None:
+        env["LD_LIBRARY_PATH"] = callers
+    p = subprocess.run([str(probe_bundle / "nodeplug")], env=env, capture_output=True, timeout=30, check=True)
+    seen = json.loads(p.stdout)
+    assert seen.get("LD_LIBRARY_PATH") == callers
+    assert not [k for k in seen if k.startswith(("_PYI", "LD_LIBRARY_PATH_ORIG"))], seen
+    assert {k: seen[k] for k in env} == env
