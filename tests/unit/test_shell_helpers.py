@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,15 @@ import pytest
 from nodeplug import log
 from nodeplug.commands import CommandError, arun, run
 from nodeplug.paths import Root
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """log.setup() configures the process-wide ``nodeplug`` logger: put it back for the tests that follow."""
+    logger = logging.getLogger("nodeplug")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 def test_logfmt_line_carries_plugin_and_fields() -> None:
@@ -21,7 +31,6 @@ def test_logfmt_line_carries_plugin_and_fields() -> None:
     assert line.startswith("ts=")
     assert ' level=info plugin=csi msg="volume staged" rpc=/csi.v1.Node/NodeStageVolume volume_id=vol-1' in line
     assert line.endswith('note="a b"')
-    logging.getLogger("nodeplug").handlers.clear()
 
 
 def test_debug_lines_are_dropped_at_info() -> None:
@@ -29,7 +38,6 @@ def test_debug_lines_are_dropped_at_info() -> None:
     log.setup("info", buf)
     log.get_logger("csi").debug("probe")
     assert buf.getvalue() == ""
-    logging.getLogger("nodeplug").handlers.clear()
 
 
 def test_run_returns_stdout() -> None:
