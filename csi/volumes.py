@@ -24,9 +24,11 @@ reports :meth:`unrecorded` (files or subvolumes no record names; never deleted a
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -71,6 +73,9 @@ class VolumeManager(SnapshotOps):
         self.config = config
         self.root = root or Root()
         self.locks = OperationLocks()
+        self._space = threading.Lock()  # guards the reservations of creates and expansions in flight
+        self._reserved: dict[str, int] = {}
+        self._in_flight = 0
         self.data_dir = self.root(config.data_dir)
         self.backends: dict[str, Backend] = {
             "loopfile": LoopfileBackend(self.data_dir, reserved_bytes=config.reserved_bytes),
@@ -207,9 +212,6 @@ class VolumeManager(SnapshotOps):
         ephemeral: bool,
     ) -> Volume:
         access_type, fs_type, bname, be = shape
-        limit = self.config.max_volumes_per_node
-        if limit and self.store.count_volumes() >= limit:
-            raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
         snap: Snapshot | None = None
         src_vol: Volume | None = None
         source_size = 0
@@ -219,35 +221,33 @@ class VolumeManager(SnapshotOps):
         minimum = fileops.min_fs_bytes(fs_type) if access_type == "mount" and fs_type != "btrfs" else capacity.UNIT
         size = capacity.volume_size(req, lim, minimum, source_size)
         be.ready()
-        free = be.free_bytes(self.store.list_volumes()[0])
-        if size > free:
-            raise ResourceExhausted(f"the {bname} backend has {free} bytes free, the volume needs {size}")
-        if snap is not None:
-            path = be.create_from_snapshot(vid, size, snap)
-        elif src_vol is not None:
-            with self._frozen([src_vol]):
-                path = be.clone(vid, size, src_vol)
-        else:
-            path = be.create(vid, size, access_type, fs_type)
-        vol = Volume(
-            volume_id=vid,
-            name=name,
-            capacity_bytes=size,
-            backend=cast(BackendName, bname),
-            access_type=access_type,
-            fs_type=fs_type,
-            path=path,
-            source_snapshot_id=snap.snapshot_id if snap else "",
-            source_volume_id=src_vol.volume_id if src_vol else "",
-            parameters=dict(parameters),
-            ephemeral=ephemeral,
-            created_at=time.time(),
-        )
-        try:
-            self.store.put_volume(vol)
-        except BaseException:
-            be.delete(vol)
-            raise
+        with self._reserve(bname, be, size):  # held until the volume is recorded and counts by itself
+            if snap is not None:
+                path = be.create_from_snapshot(vid, size, snap)
+            elif src_vol is not None:
+                with self._frozen([src_vol]):
+                    path = be.clone(vid, size, src_vol)
+            else:
+                path = be.create(vid, size, access_type, fs_type)
+            vol = Volume(
+                volume_id=vid,
+                name=name,
+                capacity_bytes=size,
+                backend=cast(BackendName, bname),
+                access_type=access_type,
+                fs_type=fs_type,
+                path=path,
+                source_snapshot_id=snap.snapshot_id if snap else "",
+                source_volume_id=src_vol.volume_id if src_vol else "",
+                parameters=dict(parameters),
+                ephemeral=ephemeral,
+                created_at=time.time(),
+            )
+            try:
+                self.store.put_volume(vol)
+            except BaseException:
+                be.delete(vol)
+                raise
         _log.info("volume created", volume_id=vid, backend=bname, bytes=size, access=access_type, fs=fs_type or None)
         return vol
 
@@ -321,14 +321,12 @@ class VolumeManager(SnapshotOps):
             node_needed = not v.is_subvolume
             if size == v.capacity_bytes:
                 return size, node_needed
-            free = be.free_bytes(self.store.list_volumes()[0])
-            if size - v.capacity_bytes > free:
-                raise OutOfRange(
-                    f"capacity_range.required_bytes: growing {volume_id} to {size} needs "
-                    f"{size - v.capacity_bytes} more bytes, the {v.backend} backend has {free} free"
-                )
-            node_needed = be.expand(v, size)
-            self.store.put_volume(replace(v, capacity_bytes=size))
+            try:
+                with self._reserve(v.backend, be, size - v.capacity_bytes, count=False):
+                    node_needed = be.expand(v, size)
+                    self.store.put_volume(replace(v, capacity_bytes=size))
+            except ResourceExhausted as e:
+                raise OutOfRange(f"capacity_range.required_bytes: growing {volume_id} to {size}: {e}") from None
         _log.info("volume expanded", volume_id=volume_id, bytes=size, node_expansion=node_needed)
         return size, node_needed
 
@@ -339,7 +337,7 @@ class VolumeManager(SnapshotOps):
                 if key != TOPOLOGY_KEY or value != self.node_id:
                     return 0
         limit = self.config.max_volumes_per_node
-        if limit and self.store.count_volumes() >= limit:
+        if limit and self.store.count_volumes() + self._in_flight >= limit:
             return 0
         try:
             be = self._backend(self._resolve_backend("", parameters))
@@ -347,7 +345,31 @@ class VolumeManager(SnapshotOps):
         except FailedPrecondition as e:  # not enabled, or not usable (e.g. btrfs.path is not btrfs): nothing here
             _log.warning("backend unavailable for GetCapacity", error=str(e))
             return 0
-        return be.free_bytes(self.store.list_volumes()[0])
+        with self._space:
+            return max(0, be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0))
+
+    @contextlib.contextmanager
+    def _reserve(self, bname: str, be: Backend, size: int, count: bool = True) -> Iterator[None]:
+        """Check and hold ``size`` bytes (and a volume slot) on a backend while it is being filled.
+
+        Free space counts recorded volumes only, so without this two concurrent creates could each see the same
+        free bytes; the check and the reservation happen under one lock, the slow work outside it.
+        """
+        with self._space:
+            limit = self.config.max_volumes_per_node
+            if count and limit and self.store.count_volumes() + self._in_flight >= limit:
+                raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
+            free = be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(bname, 0)
+            if size > free:
+                raise ResourceExhausted(f"the {bname} backend has {max(0, free)} bytes free, {size} are needed")
+            self._reserved[bname] = self._reserved.get(bname, 0) + size
+            self._in_flight += int(count)
+        try:
+            yield
+        finally:
+            with self._space:
+                self._reserved[bname] -= size
+                self._in_flight -= int(count)
 
     def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:
         """Abnormal, with a message, when the volume's bytes are missing or its filesystem records errors.

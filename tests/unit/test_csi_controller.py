@@ -600,3 +600,16 @@ async def test_status_codes_reach_the_agents_rpc_metrics(tmp_path: Path) -> None
     assert f'nodeplug_rpc_total{{code="OK",method="{create}",plugin="csi"}} 1.0' in text
     assert f'nodeplug_rpc_total{{code="ALREADY_EXISTS",method="{create}",plugin="csi"}} 1.0' in text
     assert 'code="NOT_FOUND",method="/csi.v1.Controller/ControllerGetVolume"' in text
+
+
+async def test_concurrent_creates_never_promise_more_than_the_disk(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fileops, "free_bytes", lambda _path: 100 * MIB)  # a small disk, held still
+    reqs = [create_req(f"c{i}", size=32 * MIB, volume_capabilities=[cap(block=True)]) for i in range(8)]
+    results = await asyncio.gather(*(env.stub.CreateVolume(r) for r in reqs), return_exceptions=True)
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, aio.AioRpcError)]
+    assert len(ok) == 3 and len(refused) == 5  # 3 x 32 MiB fit in 100 MiB, a fourth would not
+    assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+    assert (
+        await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
+    ).available_capacity <= 4 * MIB + 100 * MIB - 96 * MIB
