@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 
 from csi.backends import Backend, fileops
-from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from csi.locks import OperationLocks
 from csi.model import GroupSnapshot, Snapshot, Volume, derive_id, validate_id, validate_name
 from csi.state import StateStore
@@ -38,6 +37,11 @@ class SnapshotOps:
         raise NotImplementedError  # provided by VolumeManager
 
     def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
+        raise NotImplementedError  # provided by VolumeManager
+
+    def _reserve(
+        self, bname: str, be: Backend, size: int, count: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError  # provided by VolumeManager
 
     # ------------------------------------------------------------ consistency
@@ -113,23 +117,33 @@ class SnapshotOps:
 
     def _cut(self, vols: list[Volume], ids: list[tuple[str, str]], group_id: str) -> list[Snapshot]:
         """Snapshot ``vols`` (frozen together) as ``ids`` [(snapshot_id, name)]; undo all on failure."""
-        need = sum(0 if v.is_subvolume else fileops.allocated_bytes(Path(v.path)) for v in vols)
+        need: dict[str, int] = {}  # bytes a copy may take, per backend (a subvolume snapshot shares everything)
+        for v in vols:
+            need[v.backend] = need.get(v.backend, 0) + (0 if v.is_subvolume else fileops.allocated_bytes(v.path))
         done: list[Snapshot] = []
         try:
-            for v in vols:
-                be = self._backend(v.backend, "volume.backend")
-                free = fileops.free_bytes(be.base)
-                if need > free:
-                    raise ResourceExhausted(f"the {v.backend} backend has {free} bytes free, snapshots need {need}")
-            with self._frozen(vols):
-                now = time.time()
-                for v, (sid, name) in zip(vols, ids, strict=True):
-                    path, size = self._backend(v.backend).snapshot(sid, v)
-                    done.append(
-                        Snapshot(
-                            sid, name, v.volume_id, size, path, now, True, group_id, v.backend, v.access_type, v.fs_type
+            with contextlib.ExitStack() as space:
+                for bname, nbytes in need.items():  # never into space promised to volumes
+                    space.enter_context(self._reserve(bname, self._backend(bname), nbytes, count=False))
+                with self._frozen(vols):
+                    now = time.time()
+                    for v, (sid, name) in zip(vols, ids, strict=True):
+                        path, size = self._backend(v.backend).snapshot(sid, v)
+                        done.append(
+                            Snapshot(
+                                sid,
+                                name,
+                                v.volume_id,
+                                size,
+                                path,
+                                now,
+                                True,
+                                group_id,
+                                v.backend,
+                                v.access_type,
+                                v.fs_type,
+                            )
                         )
-                    )
         except BaseException:
             for s in done:
                 with contextlib.suppress(Exception):

@@ -613,3 +613,16 @@ async def test_concurrent_creates_never_promise_more_than_the_disk(env: Env, mon
     assert (
         await env.stub.GetCapacity(csi_pb2.GetCapacityRequest())
     ).available_capacity <= 4 * MIB + 100 * MIB - 96 * MIB
+
+
+async def test_snapshots_do_not_take_space_promised_to_volumes(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    v = (await env.stub.CreateVolume(create_req("full", size=16 * MIB, volume_capabilities=[cap(block=True)]))).volume
+    with open(env.manager.get_volume(v.volume_id).path, "r+b") as f:  # noqa: ASYNC230
+        f.write(os.urandom(8 * MIB))
+        os.fsync(f.fileno())
+    # the disk holds exactly what the volume may still grow into: a sparse copy of its 8 MiB must not fit
+    monkeypatch.setattr(fileops, "free_bytes", lambda _path: 8 * MIB + MIB)
+    snap = csi_pb2.CreateSnapshotRequest(name="no-room", source_volume_id=v.volume_id)
+    await expect(grpc.StatusCode.RESOURCE_EXHAUSTED, env.stub.CreateSnapshot(snap), "bytes free")
+    monkeypatch.setattr(fileops, "free_bytes", lambda _path: 8 * MIB + 9 * MIB)
+    assert (await env.stub.CreateSnapshot(snap)).snapshot.ready_to_use
