@@ -49,7 +49,7 @@ DEFAULT_BUNDLE = "/opt/nodeplug/cni-bundle"
 DEFAULT_CONFLIST = "10-nodeplug.conflist"
 DEFAULT_NETWORK = "nodeplug"
 DEFAULT_BRIDGE = "nodeplug0"
-DEFAULT_SUBNET = "10.85.0.0/16"
+DEFAULT_SUBNET = "10.222.0.0/16"
 DEFAULT_CNI_VERSION = "1.0.0"
 CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 SMOKE_TIMEOUT = 20.0
@@ -176,7 +176,7 @@ def _subnet(text: str) -> str:
         net = ipaddress.ip_network(text, strict=True)
     except ValueError as e:
         raise argparse.ArgumentTypeError(
-            f"expected a network like 10.85.0.0/16 or fd85::/64, got {text!r} ({e})"
+            f"expected a network like 10.222.0.0/16 or fd22::/64, got {text!r} ({e})"
         ) from None
     return str(net)
 
