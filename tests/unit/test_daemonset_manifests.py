@@ -362,10 +362,14 @@ def test_the_image_tag_is_the_project_version(objs: list[dict[str, Any]], pod: d
 # ---------------------------------------------------------------- health, metrics, scheduling
 
 
-def test_probes_reach_the_agents_http_address(agent_config: AgentConfig, pod: dict[str, Any]) -> None:
+def test_probes_reach_the_agents_http_address(
+    agent_config: AgentConfig, ds: dict[str, Any], pod: dict[str, Any]
+) -> None:
     agent = container(pod, "agent")
     ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
     assert ports["metrics"] == agent_config.http.port
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(agent_config.http.port)
     assert pod["hostNetwork"] is True
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
         get = agent[probe]["httpGet"]
