@@ -219,7 +219,8 @@ def check_conflist(conf: Any, source: str) -> None:
     except ImportError:  # pragma: no cover - the CNI package ships with this distribution
         return
     for i, p in enumerate(plugins):
-        if p.get("type") != PLUGIN_TYPE and (p.get("ipam") or {}).get("type") != PLUGIN_TYPE:
+        ipam = p.get("ipam")
+        if p.get("type") != PLUGIN_TYPE and not (isinstance(ipam, dict) and ipam.get("type") == PLUGIN_TYPE):
             continue
         try:
             parse({**p, "cniVersion": conf["cniVersion"], "name": conf["name"]})
@@ -302,16 +303,22 @@ def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Any =
     _remove_leftovers(layout)
     dest = layout.bundles / bid
     changed = False
-    if dest.exists() and bundle_id(dest) != bid:
-        shutil.rmtree(dest)  # damaged copy (changed by hand): replace it
-    if not dest.exists():
+    damaged = dest.exists() and bundle_id(dest) != bid  # changed by hand: replace it with a good copy
+    if damaged or not dest.exists():
         tmp = layout.bundles / f".tmp-{bid}-{os.getpid()}"
         try:
             _copy_tree(bundle, tmp)
-            os.rename(tmp, dest)
+            if damaged:
+                aside = layout.bundles / f".tmp-damaged-{bid}-{os.getpid()}"
+                os.rename(dest, aside)
+                os.rename(tmp, dest)
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         _fsync_dir(layout.bundles)
+        say(f"{'repaired' if damaged else 'copied'} {dest}")
         changed = True
     _smoke_test(dest / LAUNCHER)
     if current != bid:

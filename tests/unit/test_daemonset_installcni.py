@@ -120,6 +120,15 @@ def test_a_bundle_that_does_not_answer_version_is_never_linked(host: Path, bundl
     assert "1.0.0" in version_via(link(host))["supportedVersions"]  # type: ignore[operator]
 
 
+def test_a_damaged_installed_build_is_repaired(host: Path, bundle: Path) -> None:
+    assert cni(host, "--bundle", str(bundle)) == 0
+    installed = host / "opt/cni/bin/nodeplug.d" / installcni.bundle_id(bundle)
+    (installed / "_internal/data.txt").write_text("changed by hand")
+    assert cni(host, "--bundle", str(bundle)) == 0
+    assert installcni.bundle_id(installed) == installcni.bundle_id(bundle)
+    assert not [p for p in host.rglob("*") if ".tmp-" in p.name]
+
+
 def test_leftovers_of_a_crash_are_cleaned_up(host: Path, bundle: Path) -> None:
     builds = host / "opt/cni/bin/nodeplug.d"
     builds.mkdir()
