@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -177,6 +175,18 @@ def agent_config(objs: list[dict[str, Any]], pod: dict[str, Any]) -> AgentConfig
 
 # ---------------------------------------------------------------- rendering and schemas
 
+_DEV_DEP = "dev dependency kubernetes-validate (pip install kubernetes-validate) is not installed"
+
+
+@pytest.fixture(scope="module")
+def kv() -> Any:
+    return pytest.importorskip("kubernetes_validate", reason=_DEV_DEP)
+
+
+@pytest.fixture(scope="module")
+def jsonschema() -> Any:
+    return pytest.importorskip("jsonschema", reason=_DEV_DEP)
+
 
 def test_loader_renders_what_kubectl_kustomize_renders(objs: list[dict[str, Any]]) -> None:
     kubectl = shutil.which("kubectl")
@@ -197,15 +207,17 @@ def test_kustomize_hash_matches_kustomize(data: dict[str, str], suffix: str) -> 
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_every_object_validates_against_the_kubernetes_schema(objs: list[dict[str, Any]], version: str) -> None:
+def test_every_object_validates_against_the_kubernetes_schema(
+    objs: list[dict[str, Any]], version: str, kv: Any, jsonschema: Any
+) -> None:
     checked = 0
     for obj in objs:
         if obj["kind"] == "VolumeSnapshotClass":
             jsonschema.validate(obj, VOLUME_SNAPSHOT_CLASS_SCHEMA)
             continue
         try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
+            kv.validate(obj, version, strict=True)
+        except kv.ValidationError as e:
             pytest.fail(f"{_key(obj)} on Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
         checked += 1
     assert checked >= 10
@@ -220,14 +232,14 @@ def test_every_object_validates_against_the_kubernetes_schema(objs: list[dict[st
     ],
     ids=["wrong-type", "unknown-field", "missing-required"],
 )
-def test_the_schema_check_rejects_a_broken_daemonset(ds: dict[str, Any], mutate: Any) -> None:
+def test_the_schema_check_rejects_a_broken_daemonset(ds: dict[str, Any], mutate: Any, kv: Any) -> None:
     broken = copy.deepcopy(ds)
     mutate(broken)
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, K8S_VERSIONS[-1], strict=True)
 
 
-def test_the_snapshot_class_schema_rejects_a_missing_driver(objs: list[dict[str, Any]]) -> None:
+def test_the_snapshot_class_schema_rejects_a_missing_driver(objs: list[dict[str, Any]], jsonschema: Any) -> None:
     broken = copy.deepcopy(one(objs, "VolumeSnapshotClass"))
     del broken["driver"]
     with pytest.raises(jsonschema.ValidationError):
