@@ -239,3 +239,16 @@ def test_the_entry_point_runs_with_the_callers_environment(probe_bundle: Path, c
     assert seen.get("LD_LIBRARY_PATH") == callers
     assert not [k for k in seen if k.startswith(("_PYI", "LD_LIBRARY_PATH_ORIG"))], seen
     assert {k: seen[k] for k in env} == env
+
+
+def test_a_broken_bundle_answers_with_a_cni_error(bundle: Path, tmp_path: Path) -> None:
+    """The launcher's own failure is still a spec-shaped error on stdout, naming the file at fault."""
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken, symlinks=True)
+    (loader,) = broken.glob("_internal/ld-linux-*")
+    loader.unlink()
+    p = subprocess.run([str(broken / "nodeplug")], env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=30,
+                       check=False)  # fmt: skip
+    assert p.returncode == 1
+    err = json.loads(p.stdout)
+    assert err["code"] == 999 and str(loader) in err["details"] and "install-cni" in err["details"]
