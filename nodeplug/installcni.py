@@ -13,7 +13,8 @@ then a new symlink is renamed over ``nodeplug``, so an exec sees the old build o
 file. The build the symlink pointed at before stays (a plugin still running from it keeps its files); older builds
 are removed. The conflist is written to a temp name the runtime ignores and renamed into place. Running it again
 with the same inputs changes nothing. A crash at any point leaves either the old or the new state plus, at worst,
-a ``.tmp-*`` directory, which the next run removes.
+a ``.tmp-*`` directory, which the next run removes. One install runs at a time on a host: the DaemonSet has one pod
+per node and replaces it without surge.
 
 It never touches files it did not write: an existing ``nodeplug`` that is not a symlink into ``nodeplug.d/``, or a
 conflist of that name without a ``"type": "nodeplug"`` plugin, stops the install with an error (``--force`` takes
@@ -34,6 +35,7 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,7 +286,7 @@ def _remove_leftovers(layout: Layout) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Any = print) -> bool:
+def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Callable[[str], None] = print) -> bool:
     """Install ``bundle`` as ``<bin>/nodeplug``; True when something changed."""
     if not (bundle / LAUNCHER).is_file() or not os.access(bundle / LAUNCHER, os.X_OK):
         raise InstallError(
@@ -335,7 +337,9 @@ def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Any =
     return changed
 
 
-def install_conflist(conf: dict[str, Any], layout: Layout, force: bool = False, say: Any = print) -> bool:
+def install_conflist(
+    conf: dict[str, Any], layout: Layout, force: bool = False, say: Callable[[str], None] = print
+) -> bool:
     data = (json.dumps(conf, indent=2) + "\n").encode()
     path = layout.conflist
     if path.exists():
@@ -353,7 +357,7 @@ def install_conflist(conf: dict[str, Any], layout: Layout, force: bool = False, 
     return True
 
 
-def uninstall(layout: Layout, say: Any = print) -> bool:
+def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
     """Remove the symlink, nodeplug.d/ and our conflist; leave anything that is not ours (and say so)."""
     _remove_leftovers(layout)
     changed = False
