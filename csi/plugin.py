@@ -154,8 +154,16 @@ class CsiPlugin:
 
 
 def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
-    """Compare stage and publish records with the host; return (and log) one line per thing found missing."""
+    """Put the host right where that is safe, then compare records with it; return (and log) what is missing.
+
+    A filesystem left frozen by a crash in the middle of a snapshot copy is thawed first (its pod's writers would
+    block forever otherwise). Files or subvolumes that no record names are reported, never deleted.
+    """
     store = manager.store
+    for staging in manager.thaw_all():
+        log.warning("reconcile: thawed a filesystem a crash left frozen", staging_path=staging)
+    for path in manager.unrecorded():
+        log.warning("reconcile: data no record names (left in place; remove it by hand if unwanted)", path=str(path))
     table = mounts.mount_table()
     missing: list[str] = []
     for rec in store.list_stages():

@@ -367,3 +367,16 @@ async def test_expansion_while_unstaged_is_finished_by_stage(fs: str, size: int)
         await d.unpublish(vid, target)
         await d.unstage(vid)
         await d.delete(vid)
+
+
+async def test_restart_thaws_a_filesystem_a_crash_left_frozen() -> None:
+    async with running_driver() as d:
+        vid = (await d.create("frozen-at-crash")).volume_id
+        staging = await d.stage(vid)
+        sh("fsfreeze", "-f", str(staging))  # what a kill -9 in the middle of a snapshot copy leaves
+        await d.restart()
+        # a frozen filesystem would block this write forever; the timeout turns that into a failure
+        proc = await asyncio.create_subprocess_exec("touch", str(staging / "after-restart"))
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        await d.unstage(vid)
+        await d.delete(vid)
