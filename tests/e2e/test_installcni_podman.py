@@ -64,9 +64,12 @@ def bundle() -> Path:
         )  # fmt: skip
         assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
         for old in CACHE.iterdir():
-            if old != tmp:
+            if not old.name.startswith("."):  # earlier builds; another session's build in progress stays
                 shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another session finished the same build first
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
