@@ -35,10 +35,10 @@ from cni.dataplane.nl import (
     nl_error,
     random_mac,
 )
+from cni.dataplane.tools import ToolError, run_tool
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface, IPConfig
-from nodeplug.commands import CommandError, run
 
 IPIface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -144,6 +144,6 @@ def _bridge_self_in_vlan(name: str, vlan: int) -> None:
     """With VLAN filtering the bridge's own addresses (the gateways) live in its PVID: make that ``vlan``, untagged,
     so the pods of the VLAN reach them. (One gateway VLAN per bridge; idempotent.)"""
     try:
-        run(["bridge", "vlan", "add", "vid", str(vlan), "dev", name, "self", "pvid", "untagged"], timeout=10)
-    except CommandError as e:
+        run_tool(["bridge", "vlan", "add", "vid", str(vlan), "dev", name, "self", "pvid", "untagged"], timeout=10)
+    except ToolError as e:
         raise CniError(DATAPLANE, details=f"vlan: put bridge {name} itself into VLAN {vlan}: {e}") from None

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cni.dataplane import names
+from cni.dataplane.tools import ToolError, run_tool
 from cni.errors import DATAPLANE, CniError
-from nodeplug.commands import CommandError, run
 
 TABLE = "nodeplug"
 CHAIN = "postrouting"
@@ -41,7 +41,7 @@ _SKELETON = (
 
 def _nft(args: Sequence[str], script: str | None = None) -> str:
     argv = ["nft", *args] if script is None else ["nft", *args, "-f", "-"]
-    return run(argv, timeout=NFT_TIMEOUT, input=script.encode() if script is not None else None)
+    return run_tool(argv, timeout=NFT_TIMEOUT, input=script.encode() if script is not None else None)
 
 
 def rules_script(comment: str, addresses: Sequence[Any], declare: bool = False) -> str:
@@ -65,12 +65,12 @@ def add_rules(network: str, host_veth: str, container_id: str, addresses: Sequen
     try:
         _nft([], rules_script(comment, addresses))
         return
-    except CommandError as e:
+    except ToolError as e:
         if "No such file or directory" not in e.stderr:
             raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
     try:
         _nft([], rules_script(comment, addresses, declare=True))
-    except CommandError as e:
+    except ToolError as e:
         raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
 
 
@@ -78,8 +78,8 @@ def list_rules() -> list[tuple[int, str]]:
     """``(handle, comment)`` of every rule in our chain; empty when the table (or nft itself) is absent."""
     try:
         out = _nft(["-j", "list", "chain", "inet", TABLE, CHAIN])
-    except CommandError as e:
-        if e.returncode is None and "not found" in e.detail:
+    except ToolError as e:
+        if e.missing:
             return []  # nft is not installed: no rule of ours can exist
         if "No such file or directory" in e.stderr:
             return []
@@ -107,7 +107,7 @@ def delete_rules(select: Callable[[str], bool]) -> int:
         try:
             _nft([], script)
             return len(handles)
-        except CommandError as e:
+        except ToolError as e:
             if attempt == 0 and "No such file or directory" in e.stderr:
                 continue
             raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
+import pytest
+
+from cni import dataplane
 from cni.dataplane import masq, names
 from cni.dataplane.addrs import route_args
 from cni.dataplane.bridge import gateway_addresses
 from cni.dataplane.nl import IFA_F_NODAD, RT_SCOPE_LINK, addr_args, random_mac
+from cni.errors import CniError
+from cni.netconf import BridgeConf
 from cni.types import IPConfig, Route
 
 
@@ -99,3 +105,19 @@ def test_random_mac_is_local_unicast() -> None:
     for _ in range(50):
         first = int(random_mac().split(":")[0], 16)
         assert first & 0x02 and not first & 0x01
+
+
+def test_without_nft_there_are_no_rules_to_delete(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nft cannot be found
+    assert masq.list_rules() == []
+    assert masq.delete_attachment("net", "veth01234567") == 0
+    with pytest.raises(CniError, match="ipMasq: command 'nft -f -' not found on PATH"):
+        masq.add_rules("net", "veth01234567", "cid", [ipaddress.ip_interface("10.0.0.5/24")])
+
+
+def test_status_without_nft_when_ipmasq_is_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    conf = BridgeConf(name="n", cni_version="1.0.0", bridge="npnever0", ip_masq=True)
+    with pytest.raises(CniError) as e:
+        dataplane.status(conf)
+    assert e.value.code == 50 and ("nft is not installed" in e.value.details or "CAP_NET_ADMIN" in e.value.details)
