@@ -52,7 +52,11 @@ class Host:
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 with entered(fd):
-                    return fn(*args)
+                    try:
+                        return fn(*args)
+                    finally:
+                        # whatever happened, the dataplane left this thread in the netns it was called from
+                        assert os.stat("/proc/thread-self/ns/net").st_ino == os.fstat(fd).st_ino
             finally:
                 os.close(fd)
 
