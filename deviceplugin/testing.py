@@ -11,6 +11,7 @@ temporary directory rather than in a deep per-test path.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
@@ -143,3 +144,13 @@ def ids(listing: Listing) -> list[str]:
 
 def health(listing: Listing) -> dict[str, str]:
     return {d[0]: d[1] for d in listing}
+
+
+async def assert_no_tasks_left(grace: float = 2.0) -> None:
+    """Fail if a task outlives the plugin; tasks that are merely finishing (a closed gRPC call delivering its final
+    status) get ``grace`` seconds to end first, while a leaked loop never would."""
+    current = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not current]
+    if pending:
+        _done, still = await asyncio.wait(pending, timeout=grace)
+        assert not still, f"tasks left behind: {sorted(still, key=id)}"

@@ -7,7 +7,6 @@ temp ``kubelet.sock``, real device nodes made with mknod in a temp host root, a 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -15,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from deviceplugin.testing import Harness, ids, short_tempdir
+from deviceplugin.testing import Harness, assert_no_tasks_left, ids, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 pytestmark = [
@@ -31,8 +30,7 @@ async def h() -> AsyncIterator[Harness]:
         yield harness
     finally:
         await harness.close()
-    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    assert leftover == [], f"tasks left behind: {leftover}"
+    await assert_no_tasks_left()
 
 
 def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from deviceplugin.testing import Harness, health, ids, short_tempdir
+from deviceplugin.testing import Harness, assert_no_tasks_left, health, ids, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 pytestmark = [
@@ -32,8 +32,7 @@ async def h() -> AsyncIterator[Harness]:
         yield harness
     finally:
         await harness.close()
-    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    assert leftover == [], f"tasks left behind: {leftover}"
+    await assert_no_tasks_left()
 
 
 def hca(h: Harness, addr: str, numa: int, group: int) -> None:

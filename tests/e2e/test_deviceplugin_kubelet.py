@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deviceplugin.testing import Harness, short_tempdir
+from deviceplugin.testing import Harness, assert_no_tasks_left, short_tempdir
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 pytestmark = [
@@ -32,8 +32,7 @@ async def h() -> AsyncIterator[Harness]:
         yield harness
     finally:
         await harness.close()
-    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    assert leftover == [], f"tasks left behind: {leftover}"
+    await assert_no_tasks_left()
 
 
 def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
