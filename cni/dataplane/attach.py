@@ -13,9 +13,9 @@ fails (``pop_all()`` on success):
 7. forwarding sysctls on the host (``isGateway``);
 8. masquerade rules (``ipMasq``, :mod:`masq`) — undo: delete the attachment's rules.
 
-DEL deletes the host end (which takes the pod end with it, wherever it is) and the attachment's rules, side by side
-(each waits for a kernel RCU grace period; together DEL takes about as long as the slower of the two). It needs
-neither the netns nor the addresses, and treats everything already gone as done.
+DEL deletes the host end (which takes the pod end with it, wherever it is) and the attachment's rules (whatever
+``ipMasq`` says now), side by side (each waits for a kernel RCU grace period; together DEL takes about as long as the
+slower of the two). It needs neither the netns nor the addresses, and treats everything already gone as done.
 """
 
 from __future__ import annotations
@@ -80,12 +80,10 @@ def add(
 def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, ips: Sequence[IPConfig]) -> None:
     """Detach the pod; idempotent, and needs neither the netns nor ``ips`` (rules are found by their comment)."""
     host_name = names.host_veth_name(container_id, ifname)
-    if not conf.ip_masq:
-        with host_socket() as ipr:
-            delete_host_end(ipr, host_name)
-        return
-    # Both the link deletion and the nft transaction wait for an RCU grace period in the kernel: run them side by side
-    # (a thread started here shares this thread's netns, so nft runs where the rules are).
+    # The rules are looked for even when ipMasq is off now (it may have been on at ADD time), side by side with the link
+    # deletion: that waits for a kernel RCU grace period anyway, so the nft listing (and a deletion transaction, which
+    # waits for one too) costs no extra wall time. A thread started here shares this thread's netns, so nft runs where
+    # the rules are.
     rules = _Background(masq.delete_attachment, conf.name, host_name)
     try:
         with host_socket() as ipr:

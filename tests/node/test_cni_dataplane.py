@@ -280,6 +280,13 @@ def test_del_after_the_netns_is_gone(host: Host, pod: Callable[[], str]) -> None
     assert host.link(hv.name) is None and host.nft_rules() == []
 
 
+def test_del_removes_the_rules_even_when_ipmasq_was_turned_off_since(host: Host, pod: Callable[[], str]) -> None:
+    add(host, conf(ip_masq=True), pod())
+    assert len(host.nft_rules()) == 1
+    host.call(dataplane.delete, conf(ip_masq=False), "c1", None, "eth0", [])
+    assert host.nft_rules() == []
+
+
 def test_del_leaves_another_network_rules_alone(host: Host, pod: Callable[[], str]) -> None:
     add(host, conf(ip_masq=True), pod(), cid="ca")
     add(host, conf(name="other", ip_masq=True), pod(), cid="cb", ips=[v4("10.77.0.6/24")])
