@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (Debian package podman)"),
     pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (Debian package runc)"),
+    pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter is not installed (Debian package util-linux)"),
     pytest.mark.skipif(
         not Path("/bin/busybox").exists(), reason="busybox is not installed (Debian package busybox-static)"
     ),
