@@ -1,0 +1,41 @@
+"""The README's examples are real: its agent config validates and its network config parses."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from cni.netconf import parse_bridge
+from nodeplug.config import AgentConfig, parse
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_agent_config_is_valid_and_shows_the_defaults() -> None:
+    (text,) = blocks("yaml")
+    cfg = parse(yaml.safe_load(text), "README")
+    defaults = AgentConfig()
+    for field in ("root", "log_level", "http", "shutdown_grace_seconds", "cni"):
+        assert getattr(cfg, field) == getattr(defaults, field), field
+    csi = cfg.csi.model_dump()
+    assert csi == defaults.csi.model_dump()
+    dp = cfg.deviceplugin
+    assert [r.name for r in dp.resources][:2] == [r.name for r in defaults.deviceplugin.resources]
+    assert dp.model_dump(exclude={"resources"}) == defaults.deviceplugin.model_dump(exclude={"resources"})
+
+
+def test_readme_network_config_parses() -> None:
+    (text,) = blocks("json")
+    conflist = json.loads(text)
+    plugin = conflist["plugins"][0]
+    assert plugin["type"] == "nodeplug"
+    # as a runtime hands it to the plugin: the list's name and cniVersion injected
+    conf = parse_bridge({**plugin, "name": conflist["name"], "cniVersion": conflist["cniVersion"]})
+    assert conf.bridge == "nodeplug0" and conf.ip_masq and conf.socket == "/run/nodeplug/cni.sock"
