@@ -55,16 +55,6 @@ def node_checks(cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
 
     checks.append(netkernel)
 
-    @_check("kernel", "loop devices")
-    async def loops() -> str:
-        if not os.path.exists("/dev/loop-control"):  # noqa: ASYNC240 (a stat of a device node)
-            raise CheckFailed("/dev/loop-control is missing: load the loop module (modprobe loop)")
-        free = (await arun(["losetup", "-f"], timeout=10)).strip()
-        return f"next free device {free}"
-
-    if cfg.csi.enabled:
-        checks.append(loops)
-
     @_check("kernel", "filesystems")
     async def filesystems() -> str:
         with open("/proc/filesystems") as f:  # noqa: ASYNC230 (procfs, never blocks)
@@ -130,7 +120,8 @@ def _btrfs_enabled(cfg: AgentConfig) -> bool:
 def _tools(cfg: AgentConfig) -> list[str]:
     tools: list[str] = []
     if cfg.csi.enabled:
-        tools += ["losetup", "mount", "umount", "mkfs.ext4", "resize2fs", "mkfs.xfs", "xfs_growfs"]
+        # csi.doctor checks loop devices, mkfs.ext4 and mkfs.xfs itself
+        tools += ["losetup", "mount", "umount", "resize2fs", "xfs_growfs", "fsfreeze"]
         if _btrfs_enabled(cfg):
             tools += ["btrfs"]
     if cfg.cni.enabled:
