@@ -78,6 +78,13 @@ def loads(text: str) -> Any:
         obj, end = _scan(stripped, 0)
     except StopIteration:
         raise ValueError("not a JSON document") from None
+    except SystemError:
+        # _json raises its syntax errors as json.decoder.JSONDecodeError, which it looks up in sys.modules only: with
+        # json not yet imported it fails without an exception set. Import it now and let it name the problem.
+        import json
+
+        json.loads(stripped)
+        raise ValueError("not a JSON document") from None  # pragma: no cover - json.loads has raised
     if end != len(stripped):
         raise ValueError(f"extra data after the JSON value at character {end}")
     return obj
