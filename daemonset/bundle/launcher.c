@@ -10,7 +10,10 @@
  *                           loader under its own file name (e.g. ld-linux-x86-64.so.2; the frozen program
  *                           recognises a loader by that name) and glibc's libraries
  *
- * The launcher finds <dir> (the directory it really lives in, symlinks resolved), then replaces itself with
+ * First the launcher tries its fast path (fastpath.c): VERSION, and handing the invocation to the warm agent over
+ * the thick-mode socket, both without starting Python. When that does not apply (no agent, an unusual config) it
+ * puts back what it read from stdin and finds <dir> (the directory it really lives in, symlinks resolved), then
+ * replaces itself with
  *
  *     <dir>/_internal/LOADER --library-path <dir>/_internal --argv0 <dir>/nodeplug-cni <dir>/nodeplug-cni ARGS...
  *
@@ -20,12 +23,16 @@
  * working directory and the exit status pass through unchanged. If the bundle is broken the launcher prints a CNI
  * error (JSON on stdout, as the spec asks) naming the file at fault, and exits 1.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include "fastpath.h"
 
 #ifndef NODEPLUG_LOADER
 #error "build with -DNODEPLUG_LOADER='\"ld-linux-x86-64.so.2\"' (the file name of the bundled glibc loader)"
@@ -55,8 +62,34 @@ static void own_dir(const char *argv0, char *dir, size_t size) {
     if (snprintf(dir, size, "%s", path[0] ? path : "/") >= (int)size) fail("path too long:", path, ENAMETOOLONG);
 }
 
-int main(int argc, char **argv) {
+/* Make fd 0 read back exactly the bytes the fast path consumed (a memory file; a pipe if that is unavailable). */
+static void replay_stdin(const struct stdin_copy *in) {
+    int fd = memfd_create("nodeplug-cni-stdin", 0);
+    if (fd >= 0) {
+        size_t off = 0;
+        while (off < in->len) {
+            ssize_t w = write(fd, in->data + off, in->len - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) fail("cannot replay stdin into", "a memory file", errno);
+            off += (size_t)w;
+        }
+        if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) fail("cannot replay stdin from", "a memory file", errno);
+        close(fd);
+        return;
+    }
+    int p[2];
+    if (in->len > 65536 || pipe(p) != 0) fail("cannot replay stdin:", "memfd_create and pipe failed", errno);
+    if (in->len && write(p[1], in->data, in->len) != (ssize_t)in->len) fail("cannot replay stdin:", "pipe", errno);
+    close(p[1]);
+    if (dup2(p[0], 0) != 0) fail("cannot replay stdin:", "dup2", errno);
+    close(p[0]);
+}
+
+int main(int argc, char **argv, char **envp) {
     char dir[PATH_MAX], loader[PATH_MAX], libpath[PATH_MAX], app[PATH_MAX];
+    struct stdin_copy in = {0};
+    nodeplug_fastpath(envp, &in);
+    if (in.taken && !in.read_failed) replay_stdin(&in);
     own_dir(argc > 0 ? argv[0] : NULL, dir, sizeof dir);
     if (snprintf(loader, sizeof loader, "%s/_internal/%s", dir, NODEPLUG_LOADER) >= (int)sizeof loader ||
         snprintf(app, sizeof app, "%s/nodeplug-cni", dir) >= (int)sizeof app ||

@@ -36,7 +36,13 @@ CACHE = REPO / "build" / "test-cni-bundle"
 
 def _sources_hash() -> str:
     h = hashlib.sha256()
-    files = [REPO / "scripts/build-cni-bundle", REPO / "daemonset/bundle/launcher.c", REPO / "pyproject.toml"]
+    files = [
+        REPO / "scripts/build-cni-bundle",
+        REPO / "daemonset/bundle/launcher.c",
+        REPO / "daemonset/bundle/fastpath.c",
+        REPO / "daemonset/bundle/fastpath.h",
+        REPO / "pyproject.toml",
+    ]
     for pkg in ("cni", "nodeplug"):
         files += sorted((REPO / pkg).rglob("*.py"))
     for f in files:

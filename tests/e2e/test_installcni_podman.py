@@ -40,7 +40,13 @@ SUBNET, GATEWAY = "10.88.66.0/24", "10.88.66.1"
 
 def _sources_hash() -> str:
     h = hashlib.sha256()
-    files = [REPO / "scripts/build-cni-bundle", REPO / "daemonset/bundle/launcher.c", REPO / "pyproject.toml"]
+    files = [
+        REPO / "scripts/build-cni-bundle",
+        REPO / "daemonset/bundle/launcher.c",
+        REPO / "daemonset/bundle/fastpath.c",
+        REPO / "daemonset/bundle/fastpath.h",
+        REPO / "pyproject.toml",
+    ]
     for pkg in ("cni", "nodeplug"):
         files += sorted((REPO / pkg).rglob("*.py"))
     for f in files:
