@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -103,3 +104,32 @@ async def test_listens_on_a_path_longer_than_sockaddr_un(tmp_path: Path) -> None
     finally:
         await server.stop(1)
     assert not path.exists()
+
+
+async def test_requests_are_logged_by_id_never_whole(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A CSI request's secrets never reach the log: the interceptor logs the method, code and ids only."""
+    from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
+
+    class Controller(csi_pb2_grpc.ControllerServicer):
+        async def CreateVolume(self, request: Any, context: Any) -> Any:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no space for volume pvc-1")
+
+    path = tmp_path / "csi.sock"
+    server = UnixGrpcServer(path, "csi", Metrics())
+    server.add(csi_pb2_grpc.add_ControllerServicer_to_server, Controller())
+    await server.start()
+    caplog.set_level(logging.DEBUG, logger="nodeplug")
+    try:
+        async with aio.insecure_channel(f"unix://{path}") as ch:
+            req = csi_pb2.CreateVolumeRequest(name="pvc-1", secrets={"password": "hunter2-secret"})
+            with pytest.raises(aio.AioRpcError):
+                await csi_pb2_grpc.ControllerStub(ch).CreateVolume(req)
+    finally:
+        await server.stop(1)
+    rpc = [r for r in caplog.records if r.getMessage() == "rpc"]
+    assert len(rpc) == 1
+    fields = rpc[0].__dict__["fields"]
+    assert fields["rpc"] == "/csi.v1.Controller/CreateVolume"
+    assert fields["code"] == "RESOURCE_EXHAUSTED" and fields["name"] == "pvc-1"
+    assert "hunter2" not in repr(caplog.records[0].__dict__) + caplog.text
+    assert all("hunter2" not in repr(r.__dict__) for r in caplog.records)
