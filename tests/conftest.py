@@ -12,10 +12,14 @@ fails the run if a test left a network namespace, a link, a mount or a loop devi
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import json
 import os
 import secrets
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -183,3 +187,60 @@ def mounts() -> Iterator[Callable[[Path], Path]]:
                 break
             sh("umount", "-l", str(p), check=False)
             current = _mounts()
+
+
+# ---------------------------------------------------------------- the CNI bundle (install-cni tests)
+
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE_CACHE = REPO / "build" / "test-cni-bundle"
+BUNDLE_SOURCES = ["scripts/build-cni-bundle", "daemonset/bundle/launcher.c", "daemonset/bundle/fastpath.c",
+                  "daemonset/bundle/fastpath.h", "pyproject.toml"]  # fmt: skip
+
+
+def _bundle_sources_hash() -> str:
+    h = hashlib.sha256()
+    files = [REPO / f for f in BUNDLE_SOURCES]
+    for pkg in ("cni", "nodeplug"):
+        files += sorted((REPO / pkg).rglob("*.py"))
+    for f in files:
+        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_bundle(cache: Path, *extra: str, pythonpath: str = "") -> Path:
+    """Build a CNI bundle with scripts/build-cni-bundle into ``cache/<hash of its sources>`` unless it is there
+    (about 20 s; older builds in ``cache`` are removed, another session's build in progress is left alone)."""
+    if importlib.util.find_spec("PyInstaller") is None:
+        pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
+    static_libc = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
+    if shutil.which("gcc") is None or not any(Path(p).exists() for p in static_libc):
+        pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
+    out = cache / _bundle_sources_hash()
+    if not (out / "nodeplug").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".tmp-{os.getpid()}"
+        env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+        p = subprocess.run(
+            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
+            capture_output=True, text=True, timeout=600, check=False, env=env,
+        )  # fmt: skip
+        assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
+        for old in cache.iterdir():
+            if not old.name.startswith("."):
+                shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another session finished the same build first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def cni_bundle() -> Path:
+    """The real CNI bundle for the sources in the tree (built once per change of its sources)."""
+    return build_bundle(BUNDLE_CACHE)
+
+
+@pytest.fixture(scope="session")
+def bundle_builder() -> Callable[..., Path]:
+    return build_bundle

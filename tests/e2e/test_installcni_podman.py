@@ -10,8 +10,6 @@ running: the entry point works standalone.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import ipaddress
 import json
 import os
@@ -33,50 +31,13 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / "build" / "test-cni-bundle"
 NETWORK, BRIDGE = "npinst", "npinst0"
 SUBNET, GATEWAY = "10.88.66.0/24", "10.88.66.1"
 
 
-def _sources_hash() -> str:
-    h = hashlib.sha256()
-    files = [
-        REPO / "scripts/build-cni-bundle",
-        REPO / "daemonset/bundle/launcher.c",
-        REPO / "daemonset/bundle/fastpath.c",
-        REPO / "daemonset/bundle/fastpath.h",
-        REPO / "pyproject.toml",
-    ]
-    for pkg in ("cni", "nodeplug"):
-        files += sorted((REPO / pkg).rglob("*.py"))
-    for f in files:
-        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
-def bundle() -> Path:
-    if importlib.util.find_spec("PyInstaller") is None:
-        pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
-    out = CACHE / _sources_hash()
-    if not (out / "nodeplug").exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE / f".tmp-{os.getpid()}"
-        p = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp)],
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
-        for old in CACHE.iterdir():
-            if not old.name.startswith("."):  # earlier builds; another session's build in progress stays
-                shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another session finished the same build first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+def bundle(cni_bundle: Path) -> Path:
+    return cni_bundle
 
 
 def install_cni(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

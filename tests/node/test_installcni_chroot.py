@@ -9,8 +9,6 @@ real host) and the pod's namespace bind-mounted at the path CNI_NETNS names.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import ipaddress
 import json
 import os
@@ -25,57 +23,13 @@ import pytest
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chroot, mounts, network namespaces")
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / "build" / "test-cni-bundle"
 SUBNET = "10.98.0.0/24"
 
 
-def _sources_hash() -> str:
-    h = hashlib.sha256()
-    files = [
-        REPO / "scripts/build-cni-bundle",
-        REPO / "daemonset/bundle/launcher.c",
-        REPO / "daemonset/bundle/fastpath.c",
-        REPO / "daemonset/bundle/fastpath.h",
-        REPO / "pyproject.toml",
-    ]
-    for pkg in ("cni", "nodeplug"):
-        files += sorted((REPO / pkg).rglob("*.py"))
-    for f in files:
-        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _build(cache: Path, *extra: str, pythonpath: str = "") -> Path:
-    """Build a bundle into ``cache/<hash of the sources>`` unless it is there (other builds in ``cache`` go)."""
-    if importlib.util.find_spec("PyInstaller") is None:
-        pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
-    static_libc = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
-    if shutil.which("gcc") is None or not any(Path(p).exists() for p in static_libc):
-        pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
-    out = cache / _sources_hash()
-    if not (out / "nodeplug").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".tmp-{os.getpid()}"
-        env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
-        p = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
-            capture_output=True, text=True, timeout=600, check=False, env=env,
-        )  # fmt: skip
-        assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
-        for old in cache.iterdir():
-            if not old.name.startswith("."):  # earlier builds; another session's build in progress stays
-                shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another session finished the same build first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
 @pytest.fixture(scope="module")
-def bundle() -> Path:
+def bundle(cni_bundle: Path) -> Path:
     """The real CNI bundle for the sources in the tree (built once per source change, about 20 s)."""
-    return _build(CACHE)
+    return cni_bundle
 
 
 PROBE = """\
@@ -91,11 +45,11 @@ def main():
 
 
 @pytest.fixture(scope="module")
-def probe_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def probe_bundle(tmp_path_factory: pytest.TempPathFactory, bundle_builder: Callable[..., Path]) -> Path:
     """A bundle built the same way around an entry point that prints the environment it runs with."""
     src = tmp_path_factory.mktemp("probe")
     (src / "nodeplug_env_probe.py").write_text(PROBE)
-    return _build(REPO / "build" / "test-cni-probe", "--entry", "nodeplug_env_probe:main", pythonpath=str(src))
+    return bundle_builder(REPO / "build" / "test-cni-probe", "--entry", "nodeplug_env_probe:main", pythonpath=str(src))
 
 
 @pytest.fixture
