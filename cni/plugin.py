@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -27,6 +28,7 @@ from prometheus_client import Counter, Histogram
 
 from cni import thick
 from cni.config import Config
+from nodeplug.grpcserve import remove_stale_socket
 from nodeplug.metrics import RPC_BUCKETS
 from nodeplug.plugin import AgentContext, Readiness
 
@@ -85,14 +87,15 @@ class CniPlugin:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        import cni.dataplane  # warm: pyroute2 and the dataplane are imported once, here
         from cni import commands
 
-        self._table = commands.table(cni.dataplane)
+        # warm: pyroute2 and the dataplane are imported once, here; in a thread, as that takes about 150 ms during
+        # which the loop would stop serving the HTTP endpoint and the plugins already started
+        dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
+        self._table = commands.table(dataplane)
         self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # stale from a previous run: nobody can be serving it (we are the agent)
+        remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
         self._server = await asyncio.start_unix_server(self._accept, path=str(self.path), backlog=1024)
         os.chmod(self.path, 0o600)
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
@@ -115,7 +118,9 @@ class CniPlugin:
             self._executor = None
         from cni.ipam import sqlite
 
-        sqlite.close_all()
+        # close_all takes each store's lock, which a worker still finishing a transaction (the pool is not waited
+        # for) may hold for up to the busy timeout: not on the event loop
+        await asyncio.to_thread(sqlite.close_all)
         self.log.info("stopped CNI thick mode", socket=str(self.path))
 
     def readiness(self) -> Readiness:
