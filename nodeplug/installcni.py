@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeplug import commands
+from nodeplug.fsutil import fsync_dir, write_atomic
 from nodeplug.paths import CNI_BIN_DIR, CNI_CONF_DIR, Root
 
 PLUGIN_TYPE = "nodeplug"
@@ -91,37 +92,13 @@ class Layout:
 # ---------------------------------------------------------------- small atomic helpers
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``path`` through a temp file in the same directory (a name no CNI loader reads) and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
-
-
 def _symlink_atomic(target: str, link: Path) -> None:
     tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     os.symlink(target, tmp)
     os.replace(tmp, link)
-    _fsync_dir(link.parent)
+    fsync_dir(link.parent)
 
 
 def bundle_id(bundle: Path) -> str:
@@ -167,7 +144,7 @@ def _copy_tree(src: Path, dst: Path) -> None:
                 os.fsync(fo.fileno())
             os.chmod(d, mode)
     for dirpath, _, _ in os.walk(dst):
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 # ---------------------------------------------------------------- conflist
@@ -319,7 +296,7 @@ def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Calla
                 os.rename(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        _fsync_dir(layout.bundles)
+        fsync_dir(layout.bundles)
         say(f"{'repaired' if damaged else 'copied'} {dest}")
         changed = True
     _smoke_test(dest / LAUNCHER)
@@ -384,7 +361,7 @@ def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
     if changed:
         for d in (layout.bin_dir, layout.conf_dir):
             if d.is_dir():
-                _fsync_dir(d)
+                fsync_dir(d)
     else:
         say("nothing to remove: nodeplug's CNI entry point is not installed")
     return changed

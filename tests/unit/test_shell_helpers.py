@@ -11,6 +11,7 @@ import pytest
 
 from nodeplug import log
 from nodeplug.commands import CommandError, arun, run
+from nodeplug.fsutil import write_atomic
 from nodeplug.paths import Root
 
 
@@ -72,3 +73,21 @@ def test_root_places_paths_under_it(tmp_path: Path) -> None:
     assert Root(tmp_path)("/run/nodeplug/cni.sock") == tmp_path / "run/nodeplug/cni.sock"
     with pytest.raises(ValueError, match="absolute"):
         Root(tmp_path)("run")
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "10-net.conflist"
+    target.write_bytes(b"old")
+    write_atomic(target, b"new content", mode=0o640)
+    assert target.read_bytes() == b"new content"
+    assert (target.stat().st_mode & 0o777) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["10-net.conflist"]
+
+
+def test_write_atomic_failure_keeps_the_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "spec.json"
+    target.write_bytes(b"old")
+    with pytest.raises(TypeError):
+        write_atomic(target, "not bytes")  # type: ignore[arg-type]
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["spec.json"]
