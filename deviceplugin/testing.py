@@ -12,16 +12,19 @@ temporary directory rather than in a deep per-test path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.config import Config
 from deviceplugin.kubeletstub import Endpoint, FakeKubelet
 from deviceplugin.plugin import DevicePlugin, create
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
 
@@ -136,6 +139,24 @@ class Harness:
             await self.kubelet.stop()
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def harness() -> AsyncIterator[Harness]:
+    """A :class:`Harness` in a fresh :func:`short_tempdir`, closed on exit; then no task of it may be left."""
+    h = Harness(short_tempdir())
+    try:
+        yield h
+    finally:
+        await h.close()
+    await assert_no_tasks_left()
+
+
+def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
+    """An Allocate request with one container request per list of device IDs."""
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
+    )
 
 
 def ids(listing: Listing) -> list[str]:

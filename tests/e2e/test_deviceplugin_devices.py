@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from deviceplugin.testing import Harness, assert_no_tasks_left, health, ids, short_tempdir
+from deviceplugin.testing import Harness, alloc, harness, health, ids
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 pytestmark = [
@@ -27,22 +27,12 @@ pytestmark = [
 
 @pytest.fixture
 async def h() -> AsyncIterator[Harness]:
-    harness = Harness(short_tempdir())
-    try:
-        yield harness
-    finally:
-        await harness.close()
-    await assert_no_tasks_left()
+    async with harness() as h:
+        yield h
 
 
 def hca(h: Harness, addr: str, numa: int, group: int) -> None:
     h.fake.pci(addr, "15b3", "101b", "020700", numa, group)
-
-
-def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
-    return api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
-    )
 
 
 async def test_hotplug_add_and_remove_seen_on_the_stream(h: Harness) -> None:

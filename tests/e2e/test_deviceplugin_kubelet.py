@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deviceplugin.testing import Harness, assert_no_tasks_left, short_tempdir
+from deviceplugin.testing import Harness, alloc, harness
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 pytestmark = [
@@ -27,18 +27,8 @@ pytestmark = [
 
 @pytest.fixture
 async def h() -> AsyncIterator[Harness]:
-    harness = Harness(short_tempdir())
-    try:
-        yield harness
-    finally:
-        await harness.close()
-    await assert_no_tasks_left()
-
-
-def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
-    return api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
-    )
+    async with harness() as h:
+        yield h
 
 
 async def test_registration_fields_initial_list_and_readiness(h: Harness) -> None:
