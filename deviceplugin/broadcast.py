@@ -24,10 +24,6 @@ class Broadcast(Generic[T]):
         self._closed = False
 
     @property
-    def value(self) -> T:
-        return self._value
-
-    @property
     def subscribers(self) -> int:
         return len(self._queues)
 
