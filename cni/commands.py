@@ -123,9 +123,7 @@ class Commands:
             if conf.ipam_conf is not None:
                 requested = service.requested_ips(conf.runtime_config, conf.args, req.args.ips)
                 ipam_conf = conf.ipam_conf
-                ips, fresh = service.add_tracked(
-                    conf.name, ipam_conf, req.container_id, req.ifname, requested, self.opener
-                )
+                ips, fresh = service.add(conf.name, ipam_conf, req.container_id, req.ifname, requested, self.opener)
                 if fresh:  # a repeated ADD must not release the lease of the attachment that holds it
                     undo.callback(
                         _best_effort(

@@ -19,7 +19,7 @@ from cni.types import Result
 def add(req: Request, conf: IpamPluginConf, opener: StoreOpener | None = None) -> Result:
     ipam = conf.ipam_conf
     requested = service.requested_ips(conf.runtime_config, conf.args, req.args.ips)
-    ips = service.add(conf.name, ipam, req.container_id, req.ifname, requested, opener)
+    ips, _ = service.add(conf.name, ipam, req.container_id, req.ifname, requested, opener)
     return Result(cni_version=conf.cni_version, ips=tuple(ips), routes=ipam.routes, dns=ipam.dns)
 
 

@@ -57,21 +57,9 @@ def add(
     ifname: str,
     requested: Sequence[IPAddress] = (),
     opener: StoreOpener | None = None,
-) -> list[IPConfig]:
-    with _open(network, ipam, opener).transaction() as txn:
-        return allocator.allocate(txn, ipam, container_id, ifname, requested)
-
-
-def add_tracked(
-    network: str,
-    ipam: IpamConf,
-    container_id: str,
-    ifname: str,
-    requested: Sequence[IPAddress] = (),
-    opener: StoreOpener | None = None,
 ) -> tuple[list[IPConfig], bool]:
-    """As :func:`add`, and whether this call made the lease (False: the attachment already held it, so undoing a
-    failed ADD must not release it)."""
+    """Lease (or find again) the attachment's addresses in one transaction, and whether this call made the lease
+    (False: the attachment already held it, so undoing a failed ADD must not release it)."""
     with _open(network, ipam, opener).transaction() as txn:
         fresh = not txn.leases_of(container_id, ifname)
         return allocator.allocate(txn, ipam, container_id, ifname, requested), fresh

@@ -83,7 +83,7 @@ with store.transaction() as txn:
 
 def test_kill_9_inside_a_transaction_loses_nothing_committed_and_keeps_nothing_half_done(tmp_path: Path) -> None:
     ipam = parse_ipam({"type": "nodeplug", "ranges": [[{"subnet": "10.42.0.0/24"}]], "dataDir": str(tmp_path)})
-    committed = service.add("net", ipam, "kept", "eth0", opener=lambda d, n: SqliteStore(d, n))
+    committed, _ = service.add("net", ipam, "kept", "eth0", opener=lambda d, n: SqliteStore(d, n))
     proc = subprocess.Popen([sys.executable, "-c", _HOLD_OPEN, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "reserved"
