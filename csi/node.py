@@ -179,10 +179,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             ephemeral=ephemeral,
             context=context_map,
         )
-        if ephemeral:
-            await self.host.publish_ephemeral(spec, self._locked)
-        else:
-            await self._locked(volume_id, lambda: self.host.publish(spec))
+        publish = self.host.publish_ephemeral if ephemeral else self.host.publish
+        await self._locked(volume_id, lambda: publish(spec))
         return csi_pb2.NodePublishVolumeResponse()
 
     @rpc
@@ -190,11 +188,15 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         volume_id = validate_id("volume_id", request.volume_id)
         target = self._path("target_path", request.target_path)
         assert target is not None
-        ephemeral = await asyncio.to_thread(self.host.ephemeral_of, volume_id)
-        if ephemeral is not None:
-            await self.host.unpublish_ephemeral(ephemeral, target, self._locked)
-        else:
-            await self._locked(volume_id, lambda: self.host.unpublish(volume_id, target))
+
+        def unpublish() -> None:
+            ephemeral = self.host.ephemeral_of(volume_id)
+            if ephemeral is not None:
+                self.host.unpublish_ephemeral(ephemeral, target)
+            else:
+                self.host.unpublish(volume_id, target)
+
+        await self._locked(volume_id, unpublish)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
     # ------------------------------------------------------------ stats and expansion

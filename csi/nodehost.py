@@ -16,10 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from csi import loopdev, mounts
 from csi.backends import fileops
@@ -28,9 +27,6 @@ from csi.model import PublishRecord, StageRecord, Volume, validate_id
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.commands import CommandError, run
 from nodeplug.log import Logger, get_logger
-
-T = TypeVar("T")
-Locked = Callable[[str, Callable[[], T]], Awaitable[T]]
 
 EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
 DEFAULT_EPHEMERAL_BYTES = 100 << 20
@@ -374,11 +370,7 @@ class NodeHost:
 
     # ------------------------------------------------------------ ephemeral inline volumes
 
-    async def publish_ephemeral(self, spec: PublishSpec, locked: Locked[None]) -> None:
-        name = spec.volume_id
-        await locked(name, lambda: self._publish_ephemeral(spec))
-
-    def _publish_ephemeral(self, spec: PublishSpec) -> None:
+    def publish_ephemeral(self, spec: PublishSpec) -> None:
         ctx = dict(spec.context)
         size = parse_size(ctx["size"]) if "size" in ctx else DEFAULT_EPHEMERAL_BYTES
         params = {k: val for k, val in ctx.items() if not k.startswith("csi.storage.k8s.io/") and k != "size"}
@@ -399,13 +391,10 @@ class NodeHost:
         except Exception:
             if is_new:  # undo only what this call made; a failed repeat leaves the working volume alone
                 with contextlib.suppress(Exception):
-                    self._remove_ephemeral(v, spec.target)
+                    self.unpublish_ephemeral(v, spec.target)
             raise
 
-    async def unpublish_ephemeral(self, v: Volume, target: Path, locked: Locked[None]) -> None:
-        await locked(v.name, lambda: self._remove_ephemeral(v, target))
-
-    def _remove_ephemeral(self, v: Volume, target: Path) -> None:
+    def unpublish_ephemeral(self, v: Volume, target: Path) -> None:
         self.unpublish(v.volume_id, target)
         if self.store.list_publishes(v.volume_id):
             return  # kubelet published it elsewhere as well; delete with the last target
