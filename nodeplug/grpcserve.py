@@ -15,6 +15,7 @@ one line per call (method, code, duration and the ids in the request: volume, sn
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
@@ -47,13 +48,9 @@ def _ids(request: Any) -> dict[str, str]:
 
 
 def _code_name(context: Any, default: str) -> str:
-    with contextlib.suppress(Exception):
-        code = context.code()
-        if isinstance(code, grpc.StatusCode):
-            return str(code.name)
-        if isinstance(code, int):
-            return grpc.StatusCode(code).name if code in {c.value[0] for c in grpc.StatusCode} else default
-    return default
+    """The status the handler set (abort or set_code); ``default`` when it set none."""
+    code = context.code()
+    return str(code.name) if isinstance(code, grpc.StatusCode) else default
 
 
 class _Observer(aio.ServerInterceptor):
@@ -118,14 +115,12 @@ class _Observer(aio.ServerInterceptor):
                 except aio.AbortError:
                     code = _code_name(context, "UNKNOWN")
                     raise
-                except BaseException as e:
-                    code = (
-                        "CANCELLED"
-                        if isinstance(e, (GeneratorExit, StopAsyncIteration)) or _is_cancel(e)
-                        else ("UNKNOWN")
-                    )
-                    if code == "UNKNOWN":
-                        self.log.error("unhandled error in stream", exc_info=True, rpc=method, **ids)
+                except (asyncio.CancelledError, GeneratorExit):  # the caller went away
+                    code = "CANCELLED"
+                    raise
+                except Exception:
+                    code = "UNKNOWN"
+                    self.log.error("unhandled error in stream", exc_info=True, rpc=method, **ids)
                     raise
                 finally:
                     self._finish(method, code, start, ids, _details(context))
@@ -134,12 +129,6 @@ class _Observer(aio.ServerInterceptor):
                 unary_stream, handler.request_deserializer, handler.response_serializer
             )
         return handler
-
-
-def _is_cancel(e: BaseException) -> bool:
-    import asyncio
-
-    return isinstance(e, asyncio.CancelledError)
 
 
 def _details(context: Any) -> str:

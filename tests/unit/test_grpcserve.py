@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
@@ -36,7 +37,12 @@ class _Echo:
             for i in range(3):
                 yield bytes([i])
 
+        async def forever(req: bytes, ctx: Any) -> Any:
+            yield b"first"
+            await asyncio.Event().wait()  # like ListAndWatch: until the caller goes away
+
         handlers = {
+            "Forever": grpc.unary_stream_rpc_method_handler(forever, _identity, _identity),
             "Echo": grpc.unary_unary_rpc_method_handler(echo, _identity, _identity),
             "Fail": grpc.unary_unary_rpc_method_handler(fail, _identity, _identity),
             "Stream": grpc.unary_stream_rpc_method_handler(stream, _identity, _identity),
@@ -70,6 +76,15 @@ async def test_serves_on_a_private_socket_and_counts_codes(tmp_path: Path) -> No
         assert _sample(metrics, "/test.Echo/Echo", "OK") == 1
         assert _sample(metrics, "/test.Echo/Fail", "NOT_FOUND") == 1
         assert _sample(metrics, "/test.Echo/Stream", "OK") == 1
+        async with aio.insecure_channel(f"unix://{path}") as ch:
+            call = ch.unary_stream("/test.Echo/Forever")(b"")
+            assert await call.read() == b"first"
+            call.cancel()
+        for _ in range(100):  # the server learns of the cancel asynchronously
+            if _sample(metrics, "/test.Echo/Forever", "CANCELLED") == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert _sample(metrics, "/test.Echo/Forever", "CANCELLED") == 1
         assert b"nodeplug_rpc_duration_seconds_bucket" in metrics.render()
     finally:
         await server.stop(1)
