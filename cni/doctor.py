@@ -15,12 +15,14 @@ import contextlib
 import ipaddress
 import json
 import secrets
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from cni import thick
 from cni.config import Config
+from cni.ipam.sqlite import db_path
 from nodeplug.checks import Check, CheckFailed, CheckSkipped
 from nodeplug.commands import CommandError, arun
 from nodeplug.paths import CNI_BIN_DIR, STATE_DIR
@@ -112,7 +114,7 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
             except CommandError as e:
                 raise CheckFailed(f"pod address {address} cannot reach its gateway {gateway}: {e}") from None
             await _call(sock, {**env, "CNI_COMMAND": "DEL"}, {**conf, "prevResult": result})
-            left = _leases(Path(data_dir))
+            left = await asyncio.to_thread(_leases, data_dir)  # sqlite: off the event loop
             if left:
                 raise CheckFailed(f"DEL left leases behind: {left}")
             return f"ADD {address} ({add_ms:.0f} ms), ping {gateway}, DEL, lease freed"
@@ -139,10 +141,8 @@ async def _bridge_exists(name: str) -> bool:
     return True
 
 
-def _leases(data_dir: Path) -> list[str]:
-    import sqlite3
-
-    db = data_dir / f"{NETWORK}.db"
+def _leases(data_dir: str) -> list[str]:
+    db = db_path(data_dir, NETWORK)
     if not db.exists():
         return []
     with contextlib.closing(sqlite3.connect(db)) as c:
