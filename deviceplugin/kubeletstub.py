@@ -58,7 +58,7 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         self.kubelet = kubelet
 
     async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
-        self.kubelet.request_times.append(time.perf_counter())
+        arrived = time.perf_counter()
         if self.kubelet.reject is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.reject)
         # the checks kubelet's device manager makes before it dials the plugin
@@ -69,7 +69,7 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource name {request.resource_name!r}")
         if "/" in request.endpoint or not (self.kubelet.plugin_dir / request.endpoint).exists():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no socket {request.endpoint!r} in the plugin dir")
-        await self.kubelet._connect(request)
+        await self.kubelet._connect(request, arrived)
         return api_pb2.Empty()
 
 
@@ -78,9 +78,8 @@ class FakeKubelet:
         self.plugin_dir = Path(plugin_dir)
         self.socket = self.plugin_dir / "kubelet.sock"
         self.requests: list[api_pb2.RegisterRequest] = []
-        self.request_times: list[float] = []
+        self.request_times: list[float] = []  # when each of ``requests`` arrived
         self.endpoints: dict[str, Endpoint] = {}
-        self.registered = asyncio.Event()
         self.reject: str | None = None
         self._server: aio.Server | None = None
 
@@ -111,7 +110,6 @@ class FakeKubelet:
     async def restart(self) -> None:
         """Like a kubelet restart: streams closed, directory wiped, a new kubelet.sock."""
         await self.stop(wipe=True)
-        self.registered.clear()
         await self.start()
 
     async def _drop(self, ep: Endpoint) -> None:
@@ -121,7 +119,7 @@ class FakeKubelet:
                 await ep.task
         await ep.channel.close()
 
-    async def _connect(self, request: api_pb2.RegisterRequest) -> None:
+    async def _connect(self, request: api_pb2.RegisterRequest, arrived: float) -> None:
         old = self.endpoints.pop(request.resource_name, None)
         if old is not None:
             await self._drop(old)
@@ -131,7 +129,7 @@ class FakeKubelet:
         ep.task = asyncio.create_task(self._watch(ep), name=f"kubelet-watch-{request.resource_name}")
         self.endpoints[request.resource_name] = ep
         self.requests.append(request)
-        self.registered.set()
+        self.request_times.append(arrived)
 
     async def _watch(self, ep: Endpoint) -> None:
         try:
@@ -149,9 +147,8 @@ class FakeKubelet:
         """The endpoint of ``resource_name`` once it has registered more than ``after`` times in total."""
         deadline = time.monotonic() + timeout
         while True:
-            n = sum(1 for r in self.requests if r.resource_name == resource_name)
             ep = self.endpoints.get(resource_name)
-            if ep is not None and n > after and ep.listings:
+            if ep is not None and self.count(resource_name) > after and ep.listings:
                 return ep
             left = deadline - time.monotonic()
             if left <= 0:
