@@ -54,9 +54,6 @@ class Logger:
         child._bound = {**self._bound, **fields}
         return child
 
-    def is_debug(self) -> bool:
-        return self._log.isEnabledFor(logging.DEBUG)
-
     def _emit(self, level: int, msg: str, exc_info: bool, fields: dict[str, Any]) -> None:
         if self._log.isEnabledFor(level):
             self._log.log(level, msg, exc_info=exc_info, extra={"fields": {**self._bound, **fields}})
