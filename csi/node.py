@@ -3,8 +3,9 @@
 Shape of every mutating RPC: validate the request (a missing or bad field is INVALID_ARGUMENT naming it; paths must be
 absolute, free of ``..`` and, symlinks resolved, inside kubelet's directory), look the volume up (NOT_FOUND), take the
 volume's operation lock (a second operation in flight is ABORTED), then do the host work in a worker thread
-(``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs. NodeGetVolumeStats and
-NodeExpandVolume only compare their path with the records, so any other path is NOT_FOUND (:func:`lookup_path`).
+(``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs (resolving the request's paths
+runs in a worker too). NodeGetVolumeStats and NodeExpandVolume only compare their path with the records, so any
+other path is NOT_FOUND (:func:`lookup_path`).
 
 Host truth over records. Whether something is mounted is read from ``/proc/self/mountinfo`` and which loop device
 backs a file from the kernel (:mod:`csi.loopdev`), so every step is idempotent and re-runnable: after a reboot the
@@ -131,15 +132,16 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
         return await asyncio.to_thread(locked)
 
-    def _path(self, field: str, value: str, required: bool = True) -> Path | None:
-        return checked_path(field, value, self.kubelet_dir, required)
+    async def _path(self, field: str, value: str, required: bool = True) -> Path | None:
+        """:func:`checked_path` in a worker thread: resolving symlinks is file I/O, kept off the event loop."""
+        return await asyncio.to_thread(checked_path, field, value, self.kubelet_dir, required)
 
     # ------------------------------------------------------------ stage
 
     @rpc
     async def NodeStageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        staging = self._path("staging_target_path", request.staging_target_path)
+        staging = await self._path("staging_target_path", request.staging_target_path)
         kind, fs_type, flags, _ = capability(request)
         assert staging is not None
         spec = StageSpec(volume_id, staging, kind, fs_type, flags)
@@ -149,7 +151,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeUnstageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        staging = self._path("staging_target_path", request.staging_target_path)
+        staging = await self._path("staging_target_path", request.staging_target_path)
         assert staging is not None
         await self._locked(volume_id, lambda: self.host.unstage(volume_id, staging))
         return csi_pb2.NodeUnstageVolumeResponse()
@@ -159,12 +161,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodePublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        target = self._path("target_path", request.target_path)
+        target = await self._path("target_path", request.target_path)
         kind, fs_type, flags, mode = capability(request)
         assert target is not None
         context_map = dict(request.volume_context)
         ephemeral = context_map.get(EPHEMERAL_KEY, "").lower() == "true"
-        staging = self._path("staging_target_path", request.staging_target_path, required=False)
+        staging = await self._path("staging_target_path", request.staging_target_path, required=False)
         if staging is None and not ephemeral:
             raise FailedPrecondition("staging_target_path: not set; the driver stages volumes, call NodeStageVolume")
         spec = PublishSpec(
@@ -186,7 +188,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeUnpublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        target = self._path("target_path", request.target_path)
+        target = await self._path("target_path", request.target_path)
         assert target is not None
 
         def unpublish() -> None:
@@ -204,8 +206,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeGetVolumeStats(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        path = lookup_path("volume_path", request.volume_path)
-        stats = await asyncio.to_thread(self.host.stats, volume_id, path)
+        stats = await asyncio.to_thread(
+            lambda: self.host.stats(volume_id, lookup_path("volume_path", request.volume_path))
+        )
         Unit = csi_pb2.VolumeUsage
         usage = []
         if stats.total_bytes is not None:
@@ -226,7 +229,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     @rpc
     async def NodeExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         volume_id = validate_id("volume_id", request.volume_id)
-        path = lookup_path("volume_path", request.volume_path)
+        path = await asyncio.to_thread(lookup_path, "volume_path", request.volume_path)
         kind, _, _, _ = capability(request, required=False)
         required = request.capacity_range.required_bytes if request.HasField("capacity_range") else 0
         limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0
