@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
 
-from deviceplugin.config import Config
-from deviceplugin.kubeletstub import FakeKubelet
-from deviceplugin.plugin import DevicePlugin, create
-from deviceplugin.testing import FakeHost, short_tempdir
+from deviceplugin.testing import FakeHost, Harness, alloc, harness
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
-from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
-from nodeplug.plugin import AgentContext
+from nodeplug.paths import CDI_DIR
 
 
 def fake_pci(fake: FakeHost, addr: str, numa: int, group: int) -> None:
@@ -29,36 +23,16 @@ def fake_pci(fake: FakeHost, addr: str, numa: int, group: int) -> None:
     fake.file(f"/dev/vfio/{group}")  # plain files: only their presence is checked for PCI nodes
 
 
-class Setup:
-    def __init__(self, base: Path) -> None:
-        self.fake = FakeHost(base / "host")
-        self.host = self.fake.root
-        self.ctx = AgentContext(root=Root(base / "root"))
-        self.kubelet = FakeKubelet(self.ctx.root(DEVICE_PLUGIN_DIR))
-        self.plugin: DevicePlugin | None = None
-
-
 @pytest.fixture
-async def s() -> AsyncIterator[Setup]:
-    base = short_tempdir()  # unix socket paths must stay under 108 bytes
-    setup = Setup(base)
-    for i, (numa, group) in enumerate([(0, 10), (0, 11), (1, 20), (1, 21)]):
-        fake_pci(setup.fake, f"0000:0{i}:00.0", numa, group)
-    await setup.kubelet.start()
-    cfg = Config.model_validate(
-        {"host_root": str(setup.host), "resources": [{"name": "gpu", "pci": [{"vendor": "10de"}], "cdi": True}]}
-    )
-    setup.plugin = create(cfg, setup.ctx)
-    await setup.plugin.start()
-    try:
-        yield setup
-    finally:
-        await setup.plugin.stop(0)
-        await setup.kubelet.stop()
-        shutil.rmtree(base)
+async def s() -> AsyncIterator[Harness]:
+    async with harness() as h:
+        for i, (numa, group) in enumerate([(0, 10), (0, 11), (1, 20), (1, 21)]):
+            fake_pci(h.fake, f"0000:0{i}:00.0", numa, group)
+        await h.start(h.config([{"name": "gpu", "pci": [{"vendor": "10de"}], "cdi": True}]))
+        yield h
 
 
-async def test_register_list_prefer_allocate_restart(s: Setup) -> None:
+async def test_register_list_prefer_allocate_restart(s: Harness) -> None:
     ep = await s.kubelet.wait_registered("nodeplug.io/gpu")
     assert ep.request.endpoint == "nodeplug-gpu.sock" and ep.request.version == "v1beta1"
     assert [(d[0], d[2]) for d in ep.latest] == [
@@ -107,26 +81,17 @@ async def test_register_list_prefer_allocate_restart(s: Setup) -> None:
 
 
 async def test_usb_serial_adapters_by_vendor_product() -> None:
-    base = short_tempdir()
-    fake = FakeHost(base / "host")
-    ctx = AgentContext(root=Root(base / "root"))
-    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
-    ftdi = fake.usb("1-1", "0403", "6001", serial="A10K", busdev="001/002", numa=0)
-    fake.usb_tty(ftdi, "ttyUSB0")
-    fake.file("/dev/bus/usb/001/002")
-    fake.file("/dev/ttyUSB0")
-    fake.usb("1-2", "046d", "c52b", busdev="001/003")  # a mouse: not ours
-    cfg = Config.model_validate(
-        {"host_root": str(fake.root), "resources": [{"name": "serial", "usb": [{"vendor": "0403", "product": "6001"}]}]}
-    )
-    await kubelet.start()
-    plugin = create(cfg, ctx)
-    await plugin.start()
-    try:
-        ep = await kubelet.wait_registered("nodeplug.io/serial")
+    async with harness() as h:
+        fake = h.fake
+        ftdi = fake.usb("1-1", "0403", "6001", serial="A10K", busdev="001/002", numa=0)
+        fake.usb_tty(ftdi, "ttyUSB0")
+        fake.file("/dev/bus/usb/001/002")
+        fake.file("/dev/ttyUSB0")
+        fake.usb("1-2", "046d", "c52b", busdev="001/003")  # a mouse: not ours
+        await h.start(h.config([{"name": "serial", "usb": [{"vendor": "0403", "product": "6001"}]}]))
+        ep = await h.ep("serial")
         assert ep.latest == [("1-1", "Healthy", (0,))]
-        req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["1-1"])])
-        resp = await ep.stub.Allocate(req)
+        resp = await ep.stub.Allocate(alloc(["1-1"]))
         assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/bus/usb/001/002", "/dev/ttyUSB0"]
         second = fake.usb("1-3", "0403", "6001", busdev="001/004")  # plugged in: sysfs (inotify on the fake tree)
         fake.usb_tty(second, "ttyUSB1")
@@ -135,7 +100,3 @@ async def test_usb_serial_adapters_by_vendor_product() -> None:
         await ep.wait_listing(lambda listing: [d[0] for d in listing] == ["1-1", "1-3"], 1)
         os.unlink(fake.root / "dev/ttyUSB0")  # the tty node vanished while the USB device stays: unhealthy
         await ep.wait_listing(lambda listing: listing[0][1] == "Unhealthy", 1)
-    finally:
-        await plugin.stop(0)
-        await kubelet.stop()
-        shutil.rmtree(base)
