@@ -16,9 +16,8 @@ is the same socket. A test that plays kubelet on a temporary root maps the endpo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from nodeplug.log import Logger, get_logger
 from nodeplug.metrics import Metrics
 
 CSI_PLUGIN = "CSIPlugin"
-DEVICE_PLUGIN = "DevicePlugin"
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,6 @@ class RegistrationStatus:
     registered: bool | None = None
     error: str = ""
     info_calls: int = 0
-    at: float = 0.0
 
     def describe(self) -> str:
         if self.registered is None:
@@ -92,9 +89,7 @@ class RegistrationServer:
         self._server.add(api_pb2_grpc.add_RegistrationServicer_to_server, _Servicer(self))
 
     def _get_info(self) -> Any:
-        self.status = RegistrationStatus(
-            self.status.registered, self.status.error, self.status.info_calls + 1, self.status.at
-        )
+        self.status = replace(self.status, info_calls=self.status.info_calls + 1)
         return api_pb2.PluginInfo(
             type=self.plugin_type,
             name=self.name,
@@ -103,7 +98,7 @@ class RegistrationServer:
         )
 
     def _notify(self, registered: bool, error: str) -> None:
-        self.status = RegistrationStatus(registered, error, self.status.info_calls, time.time())
+        self.status = replace(self.status, registered=registered, error=error)
         if registered:
             self.log.info("kubelet registered the plugin", name=self.name, type=self.plugin_type)
         else:
