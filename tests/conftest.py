@@ -18,8 +18,13 @@ import json
 import os
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -244,3 +249,71 @@ def cni_bundle() -> Path:
 @pytest.fixture(scope="session")
 def bundle_builder() -> Callable[..., Path]:
     return build_bundle
+
+
+# ---------------------------------------------------------------- the whole agent as a process (e2e)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AgentProcess:
+    """``nodeplug agent --config <root>/agent.yaml --root <root>`` running, its output in ``<root>/agent.log``."""
+
+    def __init__(self, root: Path, extra_config: str = "") -> None:
+        self.root = root
+        self.port = free_port()
+        self.config = root / "agent.yaml"
+        self.config.write_text(f"http:\n  address: 127.0.0.1:{self.port}\nshutdown_grace_seconds: 2\n{extra_config}")
+        self.log = root / "agent.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(root)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.log.read_text()}")
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.alive()
+            with contextlib.suppress(OSError), urllib.request.urlopen(self.url("/healthz"), timeout=5) as r:
+                if r.status == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"agent not healthy within {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def spawn_agent() -> Iterator[Callable[..., AgentProcess]]:
+    """Factory: ``spawn_agent(root=None, extra_config="")`` starts the agent (a short temporary root when none is
+    given: socket paths under it must fit sockaddr_un for every client). Killed and its root removed at teardown."""
+    if not IS_ROOT:
+        pytest.skip("needs root: the agent's plugins create loop devices and bridges")
+    started: list[AgentProcess] = []
+
+    def spawn(root: Path | None = None, extra_config: str = "") -> AgentProcess:
+        agent = AgentProcess(root or Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp")), extra_config)
+        started.append(agent)
+        return agent
+
+    yield spawn
+    for agent in started:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+        shutil.rmtree(agent.root, ignore_errors=True)

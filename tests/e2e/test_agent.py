@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import AgentProcess  # the fixture's type (tests/conftest.py)
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent's plugins create loop devices and bridges"),
 ]
-
-AGENT = [sys.executable, "-m", "nodeplug.cli", "agent"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:
@@ -39,59 +30,18 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-class Running:
-    def __init__(self, proc: subprocess.Popen[str], port: int, root: Path, log: Path) -> None:
-        self.proc, self.port, self.root, self.log = proc, port, root, log
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if get(self.url("/healthz"))[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"agent not healthy within {timeout}s:\n{self.log.read_text()}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Running]:
-    # a short root: kubelet's socket paths under it must fit sockaddr_un (107 bytes) for every client
-    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
-    port = free_port()
-    cfg = tmp_path / "agent.yaml"
-    cfg.write_text(f"http:\n  address: 127.0.0.1:{port}\nshutdown_grace_seconds: 2\n")
-    log = tmp_path / "agent.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [*AGENT, "--config", str(cfg), "--root", str(root)], stdout=out, stderr=subprocess.STDOUT, text=True
-        )
-    running = Running(proc, port, root, log)
-    try:
-        running.wait_healthy()
-        yield running
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+def agent(spawn_agent: Callable[..., AgentProcess]) -> AgentProcess:
+    running = spawn_agent()
+    running.wait_healthy()
+    return running
 
 
 def sockets_under(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_socket())
 
 
-def test_defaults_serve_every_plugin_and_stop_cleanly(agent: Running) -> None:
+def test_defaults_serve_every_plugin_and_stop_cleanly(agent: AgentProcess) -> None:
     root = agent.root
     expected = [
         root / "var/lib/kubelet/plugins/local.csi.nodeplug.io/csi.sock",
@@ -121,8 +71,8 @@ def test_defaults_serve_every_plugin_and_stop_cleanly(agent: Running) -> None:
     assert "level=error" not in log, log
 
 
-def test_bad_reload_keeps_the_running_config(agent: Running, tmp_path: Path) -> None:
-    cfg = tmp_path / "agent.yaml"
+def test_bad_reload_keeps_the_running_config(agent: AgentProcess) -> None:
+    cfg = agent.config
     good = cfg.read_text()
     cfg.write_text(good + "csi:\n  enabled: maybe\n")
     agent.proc.send_signal(signal.SIGHUP)
@@ -136,7 +86,7 @@ def test_bad_reload_keeps_the_running_config(agent: Running, tmp_path: Path) -> 
     assert agent.stop() == 0
 
 
-def test_sigint_also_stops_gracefully(agent: Running) -> None:
+def test_sigint_also_stops_gracefully(agent: AgentProcess) -> None:
     agent.proc.send_signal(signal.SIGINT)
     assert agent.proc.wait(timeout=30) == 0
     assert sockets_under(agent.root) == []

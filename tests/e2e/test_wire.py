@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import AgentProcess  # the fixture's type (tests/conftest.py)
 from google.protobuf import symbol_database
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
@@ -64,12 +62,6 @@ class _Kubelet(dp_grpc.RegistrationServicer):
         return dp_pb2.Empty()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _methods(service: ServiceDescriptor) -> list[tuple[str, Any, Any, bool]]:
     db = symbol_database.Default()
     out = []
@@ -94,17 +86,8 @@ async def _call(channel: aio.Channel, path: str, req: Any, resp: Any, streaming:
         return e.code()
 
 
-def _start_agent(cfg: Path, root: Path, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(cfg), "--root", str(root)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
 @pytest.fixture
-async def wired() -> AsyncIterator[tuple[Path, _Kubelet, _Recorder]]:
+async def wired(spawn_agent: Callable[..., AgentProcess]) -> AsyncIterator[tuple[Path, _Kubelet, _Recorder]]:
     root = Path(tempfile.mkdtemp(prefix="npw-", dir="/tmp"))
     dp_dir = root / "var/lib/kubelet/device-plugins"
     dp_dir.mkdir(parents=True)
@@ -113,10 +96,8 @@ async def wired() -> AsyncIterator[tuple[Path, _Kubelet, _Recorder]]:
     dp_grpc.add_RegistrationServicer_to_server(kubelet, server)
     server.add_insecure_port(f"unix://{dp_dir / 'kubelet.sock'}")
     await server.start()
-    cfg = root / "agent.yaml"
-    cfg.write_text(f"http:\n  address: 127.0.0.1:{_free_port()}\nshutdown_grace_seconds: 1\n")
-    log = root / "agent.log"
-    proc = await asyncio.to_thread(_start_agent, cfg, root, log)
+    agent = await asyncio.to_thread(spawn_agent, root)
+    proc, log = agent.proc, agent.log
     sockets = [
         root / "var/lib/kubelet/plugins/local.csi.nodeplug.io/csi.sock",
         root / "var/lib/kubelet/plugins_registry/local.csi.nodeplug.io-reg.sock",
@@ -131,14 +112,10 @@ async def wired() -> AsyncIterator[tuple[Path, _Kubelet, _Recorder]]:
         assert all(p.is_socket() for p in sockets), log.read_text()
         yield root, kubelet, recorder
     finally:
-        proc.send_signal(signal.SIGTERM)
         try:
-            assert await asyncio.to_thread(proc.wait, 30) == 0, log.read_text()
+            assert await asyncio.to_thread(agent.stop) == 0, log.read_text()
         finally:
-            if proc.poll() is None:
-                proc.kill()
-            await server.stop(0)
-            shutil.rmtree(root, ignore_errors=True)
+            await server.stop(0)  # the spawn_agent fixture kills a stuck agent and removes the root
 
 
 async def test_every_method_path_is_served(wired: tuple[Path, _Kubelet, _Recorder]) -> None:
