@@ -167,21 +167,20 @@ class BtrfsBackend:
                 _log.warning("removed an unrecorded leftover of an interrupted operation", path=str(p))
         return tmp
 
-    def _commit(self, tmp: Path, final: Path) -> str:
-        os.rename(tmp, final)
-        fileops.fsync_dir(final.parent)
-        return str(final)
-
-    def _subvolume_from(self, src: Path, volume_id: str, size: int) -> str:
-        final = self.volumes_dir / volume_id
-        tmp = self._fresh(final)
-        btrfs("subvolume", "snapshot", str(src), str(tmp), doing=f"copying {src.name} into {volume_id}")
+    def _limit_and_commit(self, tmp: Path, final: Path, size: int) -> str:
+        """Give the new subvolume ``tmp`` its size limit and rename it to ``final``; delete it if the limit fails."""
         try:
             self._limit(tmp, size)
         except BaseException:
             self._delete_subvolume(tmp)
             raise
-        return self._commit(tmp, final)
+        return fileops.commit(tmp, final)
+
+    def _subvolume_from(self, src: Path, volume_id: str, size: int) -> str:
+        final = self.volumes_dir / volume_id
+        tmp = self._fresh(final)
+        btrfs("subvolume", "snapshot", str(src), str(tmp), doing=f"copying {src.name} into {volume_id}")
+        return self._limit_and_commit(tmp, final, size)
 
     # ------------------------------------------------------------ volumes
 
@@ -192,12 +191,7 @@ class BtrfsBackend:
         final = self.volumes_dir / volume_id
         tmp = self._fresh(final)
         btrfs("subvolume", "create", str(tmp), doing=f"creating subvolume {volume_id}")
-        try:
-            self._limit(tmp, size)
-        except BaseException:
-            self._delete_subvolume(tmp)
-            raise
-        return self._commit(tmp, final)
+        return self._limit_and_commit(tmp, final, size)
 
     def create_from_snapshot(self, volume_id: str, size: int, snapshot: Snapshot) -> str:
         if not snapshot.is_subvolume:
@@ -233,7 +227,7 @@ class BtrfsBackend:
         final = self.snapshots_dir / snapshot_id
         tmp = self._fresh(final)
         btrfs("subvolume", "snapshot", "-r", volume.path, str(tmp), doing=f"snapshotting {volume.volume_id}")
-        return self._commit(tmp, final), volume.capacity_bytes
+        return fileops.commit(tmp, final), volume.capacity_bytes
 
     def delete_snapshot(self, snapshot: Snapshot) -> None:
         if not snapshot.is_subvolume:

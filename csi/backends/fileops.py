@@ -55,6 +55,13 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def commit(tmp: Path, final: Path) -> str:
+    """Rename the finished ``tmp`` (see :func:`tmp_name`) to ``final`` durably; return ``final`` as a string."""
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    return str(final)
+
+
 def make_sparse(path: Path, size: int) -> None:
     """Create ``path`` (which must not exist) as a sparse file of ``size`` bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

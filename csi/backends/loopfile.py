@@ -88,11 +88,6 @@ class LoopfileBackend:
                 _log.warning("removed an unrecorded leftover of an interrupted operation", path=str(p))
         return tmp
 
-    def _commit(self, tmp: Path, final: Path) -> str:
-        os.rename(tmp, final)
-        fileops.fsync_dir(final.parent)
-        return str(final)
-
     def create(self, volume_id: str, size: int, access_type: str, fs_type: str) -> str:
         final = self.volume_file(volume_id)
         tmp = self._fresh(final)
@@ -103,7 +98,7 @@ class LoopfileBackend:
         except BaseException:
             fileops.remove_under(tmp, self.base)
             raise
-        return self._commit(tmp, final)
+        return fileops.commit(tmp, final)
 
     @staticmethod
     def _require(path: Path, what: str) -> Path:
@@ -125,7 +120,7 @@ class LoopfileBackend:
         except BaseException:
             fileops.remove_under(tmp, self.base)
             raise
-        return self._commit(tmp, final)
+        return fileops.commit(tmp, final)
 
     def create_from_snapshot(self, volume_id: str, size: int, snapshot: Snapshot) -> str:
         return self._copy_in(Path(snapshot.path), volume_id, size, snapshot.access_type, snapshot.fs_type)
@@ -153,7 +148,7 @@ class LoopfileBackend:
             fileops.remove_under(tmp, self.base)
             raise
         _log.debug("snapshot copied", snapshot_id=snapshot_id, volume_id=volume.volume_id, how=how)
-        path = self._commit(tmp, final)
+        path = fileops.commit(tmp, final)
         return path, os.stat(path).st_size
 
     def delete_snapshot(self, snapshot: Snapshot) -> None:
