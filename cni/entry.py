@@ -77,13 +77,7 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
         stdout.write(CniError(IO_FAILURE, details=f"cannot read the network config from stdin: {e}").to_json())
         return 1
     if command == "VERSION":
-        requested = None
-        try:
-            v = thick.loads(stdin.decode()).get("cniVersion") if stdin.strip() else None
-            requested = v if isinstance(v, str) else None
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            pass
-        stdout.write(thick.dumps(versions.version_info(requested)))
+        stdout.write(thick.dumps(versions.version_info(_version_of(stdin))))
         return 0
     route = _route(stdin) if env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0") else None
     if route is not None and command:
@@ -92,8 +86,7 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
         try:
             answer = thick.call(path, cni_env, text, connect_timeout=timeout, ack_timeout=timeout)
         except thick.AgentLost as e:
-            version = _version_of(text)
-            stdout.write(CniError(TRY_AGAIN_LATER, details=f"{e}; retry the operation").to_json(version))
+            stdout.write(CniError(TRY_AGAIN_LATER, details=f"{e}; retry the operation").to_json(_version_of(stdin)))
             return 1
         if answer is not None:
             code, out = answer
@@ -102,12 +95,13 @@ def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
     return _standalone(env, stdin, stdout)
 
 
-def _version_of(text: str) -> str:
+def _version_of(stdin: bytes) -> str:
+    """Best effort: the config's cniVersion (the latest when stdin is empty or unreadable)."""
     try:
-        v = thick.loads(text).get("cniVersion")
-    except (ValueError, AttributeError):
+        conf = thick.loads(stdin.decode())
+    except ValueError:  # UnicodeDecodeError is one too
         return versions.LATEST
-    return v if isinstance(v, str) and v in versions.SUPPORTED else versions.LATEST
+    return versions.config_version(conf)
 
 
 def main() -> None:

@@ -169,12 +169,12 @@ def parse_conf(command: str, stdin: bytes) -> NetConf:
 
 
 def _config_version(stdin: bytes) -> str:
-    """Best effort: the config's cniVersion, for the error JSON; the latest when unreadable."""
+    """Best effort: the config's cniVersion, for VERSION and the error JSON; the latest when empty or unreadable."""
     try:
-        v = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        conf = json.loads(stdin)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         return versions.LATEST
-    return v if isinstance(v, str) and v in versions.SUPPORTED else versions.LATEST
+    return versions.config_version(conf)
 
 
 def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
@@ -182,14 +182,7 @@ def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, s
     try:
         command = env.get("CNI_COMMAND", "")
         if command == "VERSION":
-            requested = None
-            if stdin.strip():
-                try:
-                    v = json.loads(stdin).get("cniVersion")
-                    requested = v if isinstance(v, str) else None
-                except (ValueError, AttributeError, UnicodeDecodeError):
-                    requested = None
-            stdout.write(json.dumps(versions.version_info(requested)))
+            stdout.write(json.dumps(versions.version_info(_config_version(stdin))))
             return 0
         command, cid, netns, ifname, args, path = parse_env(env)
         conf = parse_conf(command, stdin)

@@ -51,9 +51,16 @@ def check_supported(version: str, command: str = "") -> None:
         )
 
 
-def version_info(requested: str | None = None) -> dict[str, Any]:
-    """The VERSION answer: the caller's version echoed when we speak it, and every version we support."""
-    current = requested if requested in SUPPORTED else LATEST
+def config_version(config: Any) -> str:
+    """A decoded config's ``cniVersion`` when we speak it, else :data:`LATEST` (also for a config that is not an
+    object): the version VERSION echoes and errors are written in."""
+    v = config.get("cniVersion") if isinstance(config, dict) else None
+    return v if v in SUPPORTED else LATEST
+
+
+def version_info(current: str = LATEST) -> dict[str, Any]:
+    """The VERSION answer: ``current`` (the caller's version, from :func:`config_version`) and every version we
+    support."""
     return {"cniVersion": current, "supportedVersions": list(SUPPORTED)}
 
 
