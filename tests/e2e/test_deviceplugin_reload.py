@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,12 @@ import yaml
 
 from deviceplugin.config import Config
 from deviceplugin.doctor import checks
-from deviceplugin.kubeletstub import FakeKubelet
-from deviceplugin.plugin import DevicePlugin, create
-from deviceplugin.testing import FakeHost, short_tempdir
+from deviceplugin.plugin import DevicePlugin
+from deviceplugin.testing import Harness, alloc, harness
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.checks import CheckFailed, CheckSkipped
 from nodeplug.config import ConfigError, parse
-from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
+from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
 pytestmark = [
@@ -32,19 +30,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes device nodes with mknod"),
 ]
 
-NULL = os.stat("/dev/null").st_rdev
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def short() -> Iterator[Path]:
-    d = short_tempdir()  # unix socket paths must stay under 108 bytes
-    yield d
-    shutil.rmtree(d)
-
-
-def mknod(host: Path, path: str) -> None:
-    FakeHost(host).node(path)
 
 
 def section(host: Path, resources: list[dict[str, Any]]) -> dict[str, Any]:
@@ -57,58 +43,53 @@ SERIAL = {"name": "serial", "devices": ["/dev/ttyUSB*"]}
 
 
 @pytest.fixture
-async def running(short: Path) -> AsyncIterator[tuple[Path, AgentContext, FakeKubelet, DevicePlugin]]:
-    host = short / "host"
+async def h() -> AsyncIterator[Harness]:
+    async with harness() as h:
+        yield h
+
+
+@pytest.fixture
+async def running(h: Harness) -> tuple[Harness, DevicePlugin]:
     for node in ("/dev/fuse", "/dev/net/tun", "/dev/ttyUSB0"):
-        mknod(host, node)
-    ctx = AgentContext(root=Root(short / "root"))
-    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
-    await kubelet.start()
-    plugin = create(Config.model_validate(section(host, [FUSE, TUN])), ctx)
-    await plugin.start()
-    try:
-        yield host, ctx, kubelet, plugin
-    finally:
-        await plugin.stop(0)
-        await kubelet.stop()
+        h.mknod(node)
+    return h, await h.start(h.config([FUSE, TUN]))
 
 
-async def test_reload_add_remove_change_and_keep(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
-    host, ctx, kubelet, plugin = running
+async def test_reload_add_remove_change_and_keep(running: tuple[Harness, DevicePlugin]) -> None:
+    h, plugin = running
+    kubelet = h.kubelet
     fuse = await kubelet.wait_registered("nodeplug.io/fuse")
     await kubelet.wait_registered("nodeplug.io/tun")
     own = fuse.stub.ListAndWatch(api_pb2.Empty())
     assert [d.ID for d in (await own.read()).devices] == ["fuse"]
     fuse_runtime = plugin.resources["fuse"]
     tun_runtime = plugin.resources["tun"]
-    tun_sock = ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-tun.sock"
+    tun_sock = h.plugin_dir / "nodeplug-tun.sock"
 
     changed_tun = {**TUN, "replicas": 2}
-    await plugin.reload(Config.model_validate(section(host, [FUSE, changed_tun, SERIAL])))
+    await plugin.reload(h.config([FUSE, changed_tun, SERIAL]))
     serial = await kubelet.wait_registered("nodeplug.io/serial")  # added
     assert serial.latest == [("ttyUSB0", "Healthy", ())]
     tun = await kubelet.wait_registered("nodeplug.io/tun", after=1)  # changed: restarted and registered again
     assert [d[0] for d in tun.latest] == ["net-tun::0", "net-tun::1"]
     assert plugin.resources["tun"] is not tun_runtime
     assert plugin.resources["fuse"] is fuse_runtime and kubelet.count("nodeplug.io/fuse") == 1  # unchanged
-    mknod(host, "/dev/ttyUSB1")  # the kept resource's streams still work: ours sees nothing (fuse unchanged) ...
+    h.mknod("/dev/ttyUSB1")  # the kept resource's streams still work: ours sees nothing (fuse unchanged) ...
     await serial.wait_listing(lambda listing: len(listing) == 2, 1)
     assert not fuse.stream_ended and fuse_runtime.updates.subscribers == 2
     own.cancel()
 
-    await plugin.reload(Config.model_validate(section(host, [FUSE, SERIAL])))  # tun removed
+    await plugin.reload(h.config([FUSE, SERIAL]))  # tun removed
     assert not tun_sock.exists()
     assert "tun" not in plugin.resources
     await tun.wait_listing(lambda listing: tun.stream_ended, 1)  # kubelet sees the stream end
     assert plugin.readiness().ready
 
 
-async def test_bad_config_is_rejected_with_field_names(
-    running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin],
-) -> None:
-    host, _, kubelet, plugin = running
-    await kubelet.wait_registered("nodeplug.io/fuse")
-    bad = section(host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
+async def test_bad_config_is_rejected_with_field_names(running: tuple[Harness, DevicePlugin]) -> None:
+    h, plugin = running
+    await h.ep("fuse")
+    bad = section(h.host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
     with pytest.raises(ConfigError) as e:
         parse({"deviceplugin": bad})
     assert e.value.problems == ["deviceplugin.resources[1].pci[0].vendor: expected 4 hex digits, got '80860'"]
@@ -117,14 +98,13 @@ async def test_bad_config_is_rejected_with_field_names(
     assert plugin.readiness().ready and set(plugin.resources) == {"fuse", "tun"}
 
 
-async def test_metrics(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
-    _, ctx, kubelet, _ = running
-    ep = await kubelet.wait_registered("nodeplug.io/fuse")
-    await kubelet.wait_registered("nodeplug.io/tun")
-    req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["fuse"])])
+async def test_metrics(running: tuple[Harness, DevicePlugin]) -> None:
+    h, _ = running
+    ep = await h.ep("fuse")
+    await h.ep("tun")
     for _ in range(3):
-        await ep.stub.Allocate(req)
-    text = ctx.metrics.render().decode()
+        await ep.stub.Allocate(alloc(["fuse"]))
+    text = h.ctx.metrics.render().decode()
     for line in (
         'nodeplug_deviceplugin_devices{health="Healthy",resource="fuse"} 1.0',
         'nodeplug_deviceplugin_devices{health="Unhealthy",resource="fuse"} 0.0',
@@ -138,28 +118,28 @@ async def test_metrics(running: tuple[Path, AgentContext, FakeKubelet, DevicePlu
         assert line in text, line
 
 
-async def test_doctor_round_trip_and_skip(running: tuple[Path, AgentContext, FakeKubelet, DevicePlugin]) -> None:
-    host, ctx, kubelet, plugin = running
-    await kubelet.wait_registered("nodeplug.io/fuse")
-    await kubelet.wait_registered("nodeplug.io/tun")
-    cfg = Config.model_validate(section(host, [FUSE, TUN]))
-    results = {c.name: await c.run() for c in checks(cfg, ctx) if c.group == "deviceplugin"}
-    assert results["host root"] == f"{host} has dev and sys"
+async def test_doctor_round_trip_and_skip(running: tuple[Harness, DevicePlugin]) -> None:
+    h, plugin = running
+    await h.ep("fuse")
+    await h.ep("tun")
+    cfg = h.config([FUSE, TUN])
+    results = {c.name: await c.run() for c in checks(cfg, h.ctx) if c.group == "deviceplugin"}
+    assert results["host root"] == f"{h.host} has dev and sys"
     assert results["fuse discovery"] == "1 device"
     assert results["fuse serving"].startswith("serving 1 device (1 healthy); kubelet.sock present")
     assert results["change detection"] == "inotify and kernel uevents"
     assert results["fuse allocate"] == "fuse -> /dev/fuse"
     await plugin.stop(0)
-    for c in checks(cfg, ctx):
+    for c in checks(cfg, h.ctx):
         if c.name in ("fuse serving", "tun allocate"):
             with pytest.raises(CheckSkipped, match="the agent is not running"):
                 await c.run()
 
 
-async def test_host_root_check_fails_without_sys(short: Path) -> None:
-    (short / "dev").mkdir()
-    cfg = Config.model_validate(section(short, [FUSE]))
-    check = next(c for c in checks(cfg, AgentContext(root=Root(short / "root"))) if c.name == "host root")
+async def test_host_root_check_fails_without_sys(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    cfg = Config.model_validate(section(tmp_path, [FUSE]))
+    check = next(c for c in checks(cfg, AgentContext(root=Root(tmp_path / "root"))) if c.name == "host root")
     with pytest.raises(CheckFailed, match="sys is not readable"):
         await check.run()
 
@@ -173,15 +153,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_agent_process_reload_on_sighup(short: Path) -> None:
-    host = short / "host"
+async def test_agent_process_reload_on_sighup(h: Harness) -> None:
+    host, root, kubelet = h.host, h.ctx.root.path, h.kubelet
     for node in ("/dev/fuse", "/dev/net/tun"):
-        mknod(host, node)
-    root = short / "root"
-    ctx = AgentContext(root=Root(root))
-    kubelet = FakeKubelet(ctx.root(DEVICE_PLUGIN_DIR))
+        h.mknod(node)
     await kubelet.start()
-    conf = short / "agent.yaml"
+    conf = h.base / "agent.yaml"
 
     def write(resources: list[dict[str, Any]]) -> None:
         doc = {
@@ -193,7 +170,7 @@ async def test_agent_process_reload_on_sighup(short: Path) -> None:
         conf.write_text(yaml.safe_dump(doc))
 
     write([FUSE])
-    log = (short / "agent.log").open("w")
+    log = (h.base / "agent.log").open("w")
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(conf), "--root", str(root)],
         stdout=log,
@@ -210,13 +187,12 @@ async def test_agent_process_reload_on_sighup(short: Path) -> None:
         conf.write_text(conf.read_text().replace("name: tun", "name: TUN!"))  # bad: rejected, the running one stays
         proc.send_signal(signal.SIGHUP)
         await asyncio.sleep(0.5)
-        assert (ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-tun.sock").exists()
+        assert (h.plugin_dir / "nodeplug-tun.sock").exists()
         write([TUN])
         proc.send_signal(signal.SIGHUP)
         await fuse.wait_listing(lambda _: fuse.stream_ended, 10)
-        assert not (ctx.root(DEVICE_PLUGIN_DIR) / "nodeplug-fuse.sock").exists()
-        req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["net-tun"])])
-        resp = await tun.stub.Allocate(req)
+        assert not (h.plugin_dir / "nodeplug-fuse.sock").exists()
+        resp = await tun.stub.Allocate(alloc(["net-tun"]))
         assert resp.container_responses[0].devices[0].host_path == "/dev/net/tun"
     finally:
         if proc.returncode is None:
@@ -228,18 +204,15 @@ async def test_agent_process_reload_on_sighup(short: Path) -> None:
                 proc.kill()
                 await proc.wait()
             log.close()
-            await kubelet.stop()
-    text = (short / "agent.log").read_text()
+    text = (h.base / "agent.log").read_text()
     assert proc.returncode == 0, text
     assert "deviceplugin.resources[1].name: expected a DNS label" in text
-    assert not list(ctx.root(DEVICE_PLUGIN_DIR).glob("nodeplug-*.sock"))  # stop removed every socket
+    assert not list(h.plugin_dir.glob("nodeplug-*.sock"))  # stop removed every socket
 
 
-async def test_start_removes_leftovers_of_a_killed_agent(short: Path) -> None:
-    host = short / "host"
-    mknod(host, "/dev/fuse")
-    ctx = AgentContext(root=Root(short / "root"))
-    plugin_dir, cdi_dir = ctx.root(DEVICE_PLUGIN_DIR), ctx.root(CDI_DIR)
+async def test_start_removes_leftovers_of_a_killed_agent(h: Harness) -> None:
+    h.mknod("/dev/fuse")
+    plugin_dir, cdi_dir = h.plugin_dir, h.cdi_dir
     plugin_dir.mkdir(parents=True)
     cdi_dir.mkdir(parents=True)
     old = socket.socket(socket.AF_UNIX)
@@ -249,11 +222,8 @@ async def test_start_removes_leftovers_of_a_killed_agent(short: Path) -> None:
     (cdi_dir / "nodeplug.io-gone.json").write_text("{}")
     (cdi_dir / "nodeplug.io-fuse.json").write_text("{}")  # fuse is configured, but without CDI now
     (cdi_dir / "vendor.com-gpu.json").write_text("{}")  # not ours: untouched
-    plugin = create(Config.model_validate(section(host, [FUSE])), ctx)
-    await plugin.start()
-    try:
-        assert sorted(p.name for p in plugin_dir.iterdir()) == ["nodeplug-fuse.sock", "other-vendor.sock"]
-        assert sorted(p.name for p in cdi_dir.iterdir()) == ["vendor.com-gpu.json"]
-    finally:
-        await plugin.stop(0)
+    plugin = await h.start(h.config([FUSE]), kubelet=False)
+    assert sorted(p.name for p in plugin_dir.iterdir()) == ["nodeplug-fuse.sock", "other-vendor.sock"]
+    assert sorted(p.name for p in cdi_dir.iterdir()) == ["vendor.com-gpu.json"]
+    await plugin.stop(0)
     assert sorted(p.name for p in plugin_dir.iterdir()) == ["other-vendor.sock"]
