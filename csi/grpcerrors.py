@@ -54,12 +54,8 @@ def rpc(
             return await method(self, request, context)
         except aio.AbortError:
             raise
-        except CsiError as e:
-            code, msg = status_of(e)
-            await context.abort(code, msg)
-            raise AssertionError("unreachable: context.abort raises") from e
         except Exception as e:
-            if not isinstance(e, CommandError):
+            if not isinstance(e, (CsiError, CommandError)):
                 _log.error("unexpected error in rpc", exc_info=True, rpc=getattr(method, "__name__", "?"))
             code, msg = status_of(e)
             await context.abort(code, msg)
