@@ -47,6 +47,8 @@ def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> Path:
 def _run(exe: Path, command: str, env: Mapping[str, str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
     """Run in its own session so a timeout kills the plugin and anything it started (which would otherwise hold
     its output pipes open past the timeout)."""
+    # Popen rather than nodeplug.commands.run, which cannot do any of: a per-request env (the agent runs many requests
+    # at once), the child's stdout when it fails (its error JSON), and killing its whole process group on timeout.
     try:
         proc = subprocess.Popen(
             [str(exe)],
