@@ -139,25 +139,24 @@ class MountSpec(_Model):
     read_only: bool = True
 
 
-class HealthSpec(_Model):
+class _CommandSpec(_Model):
+    """A per-device command: argv with ``{id}``, ``{path}``, ``{address}`` placeholders."""
+
     command: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("command")
+    @classmethod
+    def _cmd(cls, v: list[str]) -> list[str]:
+        return _placeholders(v, _PLACEHOLDERS)
+
+
+class HealthSpec(_CommandSpec):
     timeout_seconds: float = Field(default=5.0, gt=0, le=300)
     interval_seconds: float = Field(default=10.0, ge=0.05, le=3600)
 
-    @field_validator("command")
-    @classmethod
-    def _cmd(cls, v: list[str]) -> list[str]:
-        return _placeholders(v, _PLACEHOLDERS)
 
-
-class ResetSpec(_Model):
-    command: Annotated[list[str], Field(min_length=1)]
+class ResetSpec(_CommandSpec):
     timeout_seconds: float = Field(default=30.0, gt=0, le=600)
-
-    @field_validator("command")
-    @classmethod
-    def _cmd(cls, v: list[str]) -> list[str]:
-        return _placeholders(v, _PLACEHOLDERS)
 
 
 class Resource(_Model):
