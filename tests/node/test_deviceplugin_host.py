@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from deviceplugin.config import Config, PciMatch, Resource
 from deviceplugin.discovery import discover
 from deviceplugin.plugin import create
+from deviceplugin.testing import short_tempdir
 from deviceplugin.uevent import UeventMonitor
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
@@ -41,7 +41,7 @@ def trigger(uevent_file: str) -> None:
 
 @pytest.fixture
 def short() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npdp-"))  # unix socket paths must stay under 108 bytes
+    d = short_tempdir()  # unix socket paths must stay under 108 bytes
     yield d
     shutil.rmtree(d)
 
