@@ -75,9 +75,9 @@ def parse_events(buf: bytes) -> list[tuple[int, int, str]]:
 class Inotify:
     """Watches directories; call :meth:`close` when done (removes the reader and closes the fd)."""
 
-    def __init__(self, callback: Callback, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, callback: Callback) -> None:
         self._callback = callback
-        self._loop = loop or asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         fd = _lib().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             raise _oserror("inotify_init1")
@@ -129,9 +129,7 @@ class Inotify:
     def _readable(self) -> None:
         try:
             buf = os.read(self._fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
+        except OSError:  # BlockingIOError included: nothing to read after all
             return
         for wd, mask, name in parse_events(buf):
             if mask & IN_Q_OVERFLOW:

@@ -34,9 +34,9 @@ def parse(msg: bytes) -> tuple[str, dict[str, str]] | None:
 
 
 class UeventMonitor:
-    def __init__(self, callback: Callback, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, callback: Callback) -> None:
         self._callback = callback
-        self._loop = loop or asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_KOBJECT_UEVENT)
         try:
             sock.bind((0, KERNEL_GROUP))  # port id 0: the kernel picks one
