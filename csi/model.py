@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -40,11 +39,6 @@ def validate_id(kind: str, value: str) -> str:
             f"{kind}: expected letters, digits, '.', '_' or '-' (no '/', no '..'), got {value[:MAX_ID_LEN]!r}"
         )
     return value
-
-
-def new_id(prefix: str) -> str:
-    """A fresh id such as ``vol-3f2a...``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def derive_id(prefix: str, name: str) -> str:

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping
 
+from csi import mounts
 from csi.backends import Backend, fileops
 from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from csi.locks import OperationLocks
@@ -57,7 +58,7 @@ class SnapshotOps:
             if v.is_block:
                 if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
                     fileops.flush_device(stage.device)
-            elif fileops.is_mounted(stage.staging_path):
+            elif mounts.is_mounted(stage.staging_path):
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
@@ -71,7 +72,7 @@ class SnapshotOps:
         thawed = []
         for rec in self.store.list_stages():
             v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not fileops.is_mounted(rec.staging_path):
+            if v is None or v.is_block or v.is_subvolume or not mounts.is_mounted(rec.staging_path):
                 continue
             if fileops.thaw(rec.staging_path):
                 _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)
@@ -80,7 +81,7 @@ class SnapshotOps:
 
     def _in_use(self, v: Volume) -> bool:
         stage = self.store.get_stage(v.volume_id)
-        return bool(stage and (v.is_block or v.is_subvolume or fileops.is_mounted(stage.staging_path)))
+        return bool(stage and (v.is_block or v.is_subvolume or mounts.is_mounted(stage.staging_path)))
 
     # ------------------------------------------------------------ snapshots
 

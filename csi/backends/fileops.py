@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -256,18 +255,6 @@ def thaw(mount_point: str) -> bool:
 def flush_device(device: str) -> None:
     """Write a block device's buffered data through to its backing file (``blockdev --flushbufs``)."""
     cmd(["blockdev", "--flushbufs", device], FREEZE_TIMEOUT, f"flushing {device} before a snapshot")
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def is_mounted(path: str) -> bool:
-    """True when something is mounted at ``path`` (mountinfo escapes space, tab, newline, backslash as octal)."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return any(_OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4]) == path for line in f)
-    except OSError:
-        return False
 
 
 def is_under(path: Path, base: Path) -> bool:
