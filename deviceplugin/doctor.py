@@ -10,6 +10,7 @@ agent is not running, and those checks are skipped.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -81,7 +82,8 @@ def _tools(section: Config) -> Callable[[], Awaitable[str]]:
 
 def _discovered(section: Config, res: Resource) -> Callable[[], Awaitable[str]]:
     async def run() -> str:
-        found = discovery.discover(res, section.host_root)
+        # a thread: a slow sysfs walk must not stall the loop, and the doctor's per-check timeout must still apply
+        found = await asyncio.to_thread(discovery.discover, res, section.host_root)
         missing = [d for d in found.devices if d.missing]
         detail = _count(len(found.devices), "device") + (f" x {res.replicas} replicas" if res.replicas > 1 else "")
         if found.problems:
