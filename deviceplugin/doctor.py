@@ -26,7 +26,7 @@ from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeplug.api.podresources.v1 import api_pb2 as pr_pb2
 from nodeplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from nodeplug.checks import Check, CheckFailed, CheckSkipped
-from nodeplug.paths import DEVICE_PLUGIN_DIR, KUBELET_DIR
+from nodeplug.paths import DEVICE_PLUGIN_DIR, KUBELET_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext
 
 TIMEOUT = 5.0
@@ -146,7 +146,7 @@ def _serving(ctx: AgentContext, res: Resource) -> Callable[[], Awaitable[str]]:
         except grpc.aio.AioRpcError as e:
             return detail + f"; kubelet pod-resources API: {e.code().name}"
         if allocatable is None:
-            kubelet_sock = ctx.root(DEVICE_PLUGIN_DIR) / "kubelet.sock"
+            kubelet_sock = ctx.root(KUBELET_SOCKET)
             return detail + ("; kubelet.sock present" if kubelet_sock.exists() else "; kubelet.sock missing")
         if allocatable == 0 and healthy:
             raise CheckFailed(detail + f"; kubelet lists no {res.resource_name} devices: not registered")
