@@ -3,7 +3,7 @@
 Each method validates its request (a missing or bad field is INVALID_ARGUMENT naming it), calls the manager in a
 worker thread (``asyncio.to_thread``: mkfs, cp and btrfs block) and translates the result into csi.v1 messages.
 Domain errors become status codes in one place, :func:`csi.grpcerrors.rpc`. Constructed by the plugin as
-``ControllerServicer(manager, config)``.
+``ControllerServicer(manager)``.
 
 Supported: single-node access modes only (SINGLE_NODE_WRITER, _READER_ONLY, _SINGLE_WRITER, _MULTI_WRITER) on mount
 or block volumes; MULTI_NODE_* is INVALID_ARGUMENT because a node-local volume cannot be reached from another node.
@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2, wrappers_pb2
 from grpc import aio
 
-from csi.config import TOPOLOGY_KEY, Config
+from csi.config import TOPOLOGY_KEY
 from csi.errors import InvalidArgument, ResourceExhausted, Unimplemented
 from csi.grpcerrors import rpc
 from csi.model import Condition, Snapshot, Volume, VolumeSource
@@ -104,9 +104,8 @@ def snapshot_message(s: Snapshot) -> Any:
 
 
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, manager: VolumeManager, config: Config) -> None:
+    def __init__(self, manager: VolumeManager) -> None:
         self.manager = manager
-        self.config = config
 
     # ------------------------------------------------------------ helpers
 

@@ -3,7 +3,7 @@
 A group snapshot freezes every staged ext4/xfs member, copies them all, then thaws, so the members are write-order
 consistent with each other; volumes that cannot be frozen while in use (staged block volumes, staged btrfs
 subvolumes) make a multi-volume group FAILED_PRECONDITION, as the spec's error table asks. Constructed by the plugin
-as ``GroupControllerServicer(manager, config)``.
+as ``GroupControllerServicer(manager)``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 
 from grpc import aio
 
-from csi.config import Config
 from csi.controller import _timestamp, required, snapshot_message
 from csi.grpcerrors import rpc
 from csi.model import GroupSnapshot, Snapshot
@@ -33,9 +32,8 @@ def group_message(g: GroupSnapshot, members: list[Snapshot]) -> Any:
 
 
 class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
-    def __init__(self, manager: VolumeManager, config: Config) -> None:
+    def __init__(self, manager: VolumeManager) -> None:
         self.manager = manager
-        self.config = config
 
     @rpc
     async def GroupControllerGetCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,7 +119,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         self.host = host
         self.locks = locks
         self.kubelet_dir = kubelet_dir
-        self.node_id = config.node_id or socket.gethostname()
+        self.node_id = host.manager.node_id
 
     async def _locked(self, volume_id: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` in a worker thread holding the volume's lock there, so a cancelled RPC (the caller's deadline)

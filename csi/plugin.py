@@ -83,8 +83,8 @@ class CsiPlugin:
         host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
         server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
         server.add(csi_pb2_grpc.add_IdentityServicer_to_server, IdentityServicer(cfg.driver_name, self._probe))
-        server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager, cfg))
-        server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager, cfg))
+        server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager))
+        server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager))
         server.add(
             csi_pb2_grpc.add_NodeServicer_to_server,
             NodeServicer(cfg, host, self.manager.locks, kubelet_dir),

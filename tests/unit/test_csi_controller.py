@@ -53,7 +53,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     store = StateStore(Root(tmp_path)(cfg.data_dir) / "state.db")
     manager = VolumeManager(store, cfg, root=Root(tmp_path))
     server = aio.server()
-    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(manager, cfg), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(manager), server)
     server.add_insecure_port(f"unix://{sockdir}/csi.sock")
     await server.start()
     try:
@@ -580,7 +580,7 @@ async def test_status_codes_reach_the_agents_rpc_metrics(tmp_path: Path) -> None
     metrics = Metrics()
     sockdir = Path(tempfile.mkdtemp(prefix="npcsi-"))
     server = UnixGrpcServer(sockdir / "csi.sock", "csi", metrics)
-    server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(manager, cfg))
+    server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(manager))
     await server.start()
     try:
         async with aio.insecure_channel(f"unix://{sockdir}/csi.sock") as ch:

@@ -40,8 +40,8 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     store = StateStore(Root(tmp_path)(cfg.data_dir) / "state.db")
     manager = VolumeManager(store, cfg, root=Root(tmp_path))
     server = aio.server()
-    csi_pb2_grpc.add_GroupControllerServicer_to_server(GroupControllerServicer(manager, cfg), server)
-    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(manager, cfg), server)
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(GroupControllerServicer(manager), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(manager), server)
     server.add_insecure_port(f"unix://{sockdir}/csi.sock")
     await server.start()
     try:
