@@ -107,7 +107,6 @@ class Harness:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.tmp = base
         self.fake = FakeHost(base / "host")
         self.host = self.fake.root
         self.ctx = AgentContext(root=Root(base / "root"))

@@ -120,7 +120,7 @@ async def test_allocate_rejects_unknown_and_duplicate_ids_with_no_partial_answer
 
 async def test_prestart_runs_the_reset_command(h: Harness) -> None:
     h.mknod("/dev/fuse")
-    marks = h.tmp / "marks"
+    marks = h.base / "marks"
     marks.mkdir()
     reset = {"command": ["touch", str(marks / "reset-{id}")], "timeout_seconds": 5}
     await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "replicas": 2, "reset": reset}]))

@@ -74,9 +74,9 @@ async def test_vanished_node_is_unhealthy_and_healthy_again(h: Harness) -> None:
 
 async def test_health_command_flips_both_ways_and_times_out(h: Harness) -> None:
     h.mknod("/dev/fuse")
-    flag = h.tmp / "ok-fuse"
+    flag = h.base / "ok-fuse"
     flag.write_text("")
-    cmd = {"command": ["test", "-e", str(h.tmp / "ok-{id}")], "interval_seconds": 0.05, "timeout_seconds": 2}
+    cmd = {"command": ["test", "-e", str(h.base / "ok-{id}")], "interval_seconds": 0.05, "timeout_seconds": 2}
     await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "health": cmd}]))
     ep = await h.ep("fuse")
     await ep.wait_listing(lambda listing: health(listing) == {"fuse": "Healthy"}, 2)
