@@ -71,7 +71,12 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
             stderr=asyncio.subprocess.PIPE,
             env={"CNI_COMMAND": "VERSION"},
         )
-        out, err = await asyncio.wait_for(proc.communicate(b'{"cniVersion": "1.1.0"}'), 10)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(b'{"cniVersion": "1.1.0"}'), 10)
+        finally:
+            if proc.returncode is None:  # timed out or the check was cancelled: leave no entry point running
+                proc.kill()
+                await proc.wait()
         ms = (time.monotonic() - t0) * 1000
         if proc.returncode != 0:
             raise CheckFailed(f"{exe} VERSION exited {proc.returncode}: {err.decode(errors='replace')[:300]}")
