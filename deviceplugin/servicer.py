@@ -141,15 +141,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreStartContainerResponse:
         try:
-            ids = list(request.devices_ids)
-            unknown = [i for i in ids if self.b.lookup(i) is None]
+            entries = [(i, self.b.lookup(i)) for i in request.devices_ids]
+            unknown = [i for i, e in entries if e is None]
             if unknown:
                 raise PolicyError("invalid", f"unknown device IDs: {', '.join(unknown)}")
             physical: dict[str, Listed] = {}
-            for i in ids:
-                entry = self.b.lookup(i)
-                if entry is not None:
-                    physical.setdefault(physical_id(i), entry)
+            for i, e in entries:
+                if e is not None:
+                    physical.setdefault(physical_id(i), e)
             await self.b.reset(list(physical.values()))
         except (PolicyError, CommandError) as e:
             await _status(context, e, "PreStartContainer")
