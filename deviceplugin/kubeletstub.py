@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import grpc
 from grpc import aio
 
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+Listing = list[tuple[str, str, tuple[int, ...]]]  # (ID, health, NUMA nodes) per device, as received
 
 
 @dataclass
@@ -29,17 +32,17 @@ class Endpoint:
     channel: aio.Channel
     stub: api_pb2_grpc.DevicePluginStub
     options: api_pb2.DevicePluginOptions | None = None
-    listings: list[list[tuple[str, str, tuple[int, ...]]]] = field(default_factory=list)
+    listings: list[Listing] = field(default_factory=list)
     listing_times: list[float] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     stream_ended: bool = False
 
     @property
-    def latest(self) -> list[tuple[str, str, tuple[int, ...]]]:
+    def latest(self) -> Listing:
         return self.listings[-1] if self.listings else []
 
-    async def wait_listing(self, pred: Any, timeout: float = 5.0) -> list[tuple[str, str, tuple[int, ...]]]:
+    async def wait_listing(self, pred: Callable[[Listing], bool], timeout: float = 5.0) -> Listing:
         """Wait until a received listing satisfies ``pred`` (called with the listing); return that listing."""
         deadline = time.monotonic() + timeout
         while True:

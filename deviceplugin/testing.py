@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.config import Config
-from deviceplugin.kubeletstub import Endpoint, FakeKubelet
+from deviceplugin.kubeletstub import Endpoint, FakeKubelet, Listing
 from deviceplugin.plugin import DevicePlugin, create
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
-
-Listing = list[tuple[str, str, tuple[int, ...]]]
 
 
 def short_tempdir(prefix: str = "npdp-") -> Path:
