@@ -40,9 +40,7 @@ class SnapshotOps:
     def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
         raise NotImplementedError  # provided by VolumeManager
 
-    def _reserve(
-        self, bname: str, be: Backend, size: int, count: bool = True
-    ) -> contextlib.AbstractContextManager[None]:
+    def _reserve(self, be: Backend, size: int, count: bool = True) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError  # provided by VolumeManager
 
     # ------------------------------------------------------------ consistency
@@ -125,7 +123,7 @@ class SnapshotOps:
         try:
             with contextlib.ExitStack() as space:
                 for bname, nbytes in need.items():  # never into space promised to volumes
-                    space.enter_context(self._reserve(bname, self._backend(bname), nbytes, count=False))
+                    space.enter_context(self._reserve(self._backend(bname), nbytes, count=False))
                 with self._frozen(vols):
                     now = time.time()
                     for v, (sid, name) in zip(vols, ids, strict=True):

@@ -221,7 +221,7 @@ class VolumeManager(SnapshotOps):
         minimum = fileops.min_fs_bytes(fs_type) if access_type == "mount" and fs_type != "btrfs" else capacity.UNIT
         size = capacity.volume_size(req, lim, minimum, source_size)
         be.ready()
-        with self._reserve(bname, be, size):  # held until the volume is recorded and counts by itself
+        with self._reserve(be, size):  # held until the volume is recorded and counts by itself
             if snap is not None:
                 path = be.create_from_snapshot(vid, size, snap)
             elif src_vol is not None:
@@ -322,7 +322,7 @@ class VolumeManager(SnapshotOps):
             if size == v.capacity_bytes:
                 return size, node_needed
             try:
-                with self._reserve(v.backend, be, size - v.capacity_bytes, count=False):
+                with self._reserve(be, size - v.capacity_bytes, count=False):
                     node_needed = be.expand(v, size)
                     self.store.put_volume(replace(v, capacity_bytes=size))
             except ResourceExhausted as e:
@@ -336,8 +336,7 @@ class VolumeManager(SnapshotOps):
             for key, value in topology.items():
                 if key != TOPOLOGY_KEY or value != self.node_id:
                     return 0
-        limit = self.config.max_volumes_per_node
-        if limit and self.store.count_volumes() + self._in_flight >= limit:
+        if self._full():
             return 0
         try:
             be = self._backend(self._resolve_backend("", parameters))
@@ -346,29 +345,39 @@ class VolumeManager(SnapshotOps):
             _log.warning("backend unavailable for GetCapacity", error=str(e))
             return 0
         with self._space:
-            return max(0, be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0))
+            return max(0, self._free(be))
+
+    def _full(self) -> bool:
+        """True when ``max_volumes_per_node`` volumes are recorded or being created."""
+        limit = self.config.max_volumes_per_node
+        return bool(limit) and self.store.count_volumes() + self._in_flight >= limit
+
+    def _free(self, be: Backend) -> int:
+        """Bytes ``be`` can still give that neither recorded volumes nor creates in flight (``_reserve``) may take;
+        call under ``self._space``."""
+        return be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0)
 
     @contextlib.contextmanager
-    def _reserve(self, bname: str, be: Backend, size: int, count: bool = True) -> Iterator[None]:
+    def _reserve(self, be: Backend, size: int, count: bool = True) -> Iterator[None]:
         """Check and hold ``size`` bytes (and a volume slot) on a backend while it is being filled.
 
         Free space counts recorded volumes only, so without this two concurrent creates could each see the same
         free bytes; the check and the reservation happen under one lock, the slow work outside it.
         """
         with self._space:
-            limit = self.config.max_volumes_per_node
-            if count and limit and self.store.count_volumes() + self._in_flight >= limit:
+            if count and self._full():
+                limit = self.config.max_volumes_per_node
                 raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
-            free = be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(bname, 0)
+            free = self._free(be)
             if size > free:
-                raise ResourceExhausted(f"the {bname} backend has {max(0, free)} bytes free, {size} are needed")
-            self._reserved[bname] = self._reserved.get(bname, 0) + size
+                raise ResourceExhausted(f"the {be.name} backend has {max(0, free)} bytes free, {size} are needed")
+            self._reserved[be.name] = self._reserved.get(be.name, 0) + size
             self._in_flight += int(count)
         try:
             yield
         finally:
             with self._space:
-                self._reserved[bname] -= size
+                self._reserved[be.name] -= size
                 self._in_flight -= int(count)
 
     def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:
