@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import IO, Any, TextIO
 
-DEFAULT_SOCKET = "/run/nodeplug/cni.sock"
-DEFAULT_AGENT_TIMEOUT = 2.0  # seconds to wait for the agent to take a request (network config: agentTimeout)
-
 
 def _route(stdin: bytes) -> tuple[str, float, str] | None:
     """(socket path, agent timeout, config text) when the config is readable enough to forward, else None (the
@@ -43,11 +40,9 @@ def _route(stdin: bytes) -> tuple[str, float, str] | None:
     ipam = conf.get("ipam")
     if not isinstance(ipam, dict):
         ipam = {}
-    path = conf.get("socket", ipam.get("socket", DEFAULT_SOCKET))
-    timeout = conf.get("agentTimeout", DEFAULT_AGENT_TIMEOUT)
-    if not isinstance(path, str) or not path.startswith("/"):
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
+    path = conf.get("socket", ipam.get("socket", thick.DEFAULT_SOCKET))
+    timeout = conf.get("agentTimeout", thick.DEFAULT_AGENT_TIMEOUT)
+    if not isinstance(path, str) or not path.startswith("/") or not thick.agent_timeout_ok(timeout):
         return None
     return path, float(timeout), text
 

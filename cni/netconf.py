@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.errors import DECODE_FAILURE, INVALID_NETWORK_CONFIG, CniError
+from cni.thick import DEFAULT_AGENT_TIMEOUT, DEFAULT_SOCKET, agent_timeout_ok
 from cni.types import (
     DNS,
     IPAddress,
@@ -37,7 +38,6 @@ from cni.types import (
 
 PLUGIN_TYPE = "nodeplug"
 DEFAULT_BRIDGE = "nodeplug0"
-DEFAULT_SOCKET = "/run/nodeplug/cni.sock"
 DEFAULT_DATA_DIR = "/var/lib/nodeplug/ipam"
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 ATTACHMENTS_KEY = "cni.dev/attachments"  # the spec's earlier spelling; libcni sends both
@@ -94,7 +94,7 @@ class BridgeConf:
     ipam_conf: IpamConf | None = None  # parsed when ipam.type is "nodeplug"
     dns: DNS = field(default_factory=DNS)
     socket: str = DEFAULT_SOCKET
-    agent_timeout: float = 2.0  # seconds the entry point waits for the agent to take a request
+    agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds the entry point waits for the agent to take a request
     prev_result: Result | None = None
     runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
     args: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -330,8 +330,8 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
     if not socket.startswith("/"):
         raise _bad("socket", "an absolute path to the agent's CNI socket", socket)
     is_default_gateway = _get_bool(d, "isDefaultGateway")
-    agent_timeout = d.get("agentTimeout", 2.0)
-    if isinstance(agent_timeout, bool) or not isinstance(agent_timeout, (int, float)) or not 0 < agent_timeout <= 60:
+    agent_timeout = d.get("agentTimeout", DEFAULT_AGENT_TIMEOUT)
+    if not agent_timeout_ok(agent_timeout):
         raise _bad("agentTimeout", "a number of seconds above 0 and at most 60", agent_timeout)
     return BridgeConf(
         name=name,

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+# How the entry point finds the agent, shared with the network config's parser (cni.netconf) so both agree.
+DEFAULT_SOCKET = "/run/nodeplug/cni.sock"  # network config: socket
+DEFAULT_AGENT_TIMEOUT = 2.0  # seconds to wait for the agent to take a request (network config: agentTimeout)
+
+
+def agent_timeout_ok(v: Any) -> bool:
+    """``agentTimeout`` is a number of seconds above 0 and at most 60 (a bool is not a number here)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= 60
+
+
 ACK = b"\x06"
 GO = b"\x07"
 MAX_FRAME = 1 << 20
