@@ -284,8 +284,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     @rpc
     async def ControllerGetVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         required("volume_id", request.volume_id)
-        v = await asyncio.to_thread(self.manager.get_volume, request.volume_id)
-        cond = await asyncio.to_thread(self.manager.volume_condition, v.volume_id)
+        v, cond = await asyncio.to_thread(
+            lambda: (self.manager.get_volume(request.volume_id), self.manager.volume_condition(request.volume_id))
+        )
         status = csi_pb2.ControllerGetVolumeResponse.VolumeStatus(
             volume_condition=csi_pb2.VolumeCondition(abnormal=cond.abnormal, message=cond.message)
         )
