@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 from deviceplugin.config import Resource
 from deviceplugin.state import Listed
+from nodeplug.fsutil import write_atomic
 
 CDI_VERSION = "0.6.0"
 VENDOR = "nodeplug.io"
@@ -115,19 +114,7 @@ def write_spec(directory: Path, res: Resource, spec: dict[str, Any]) -> Path:
     """Write ``spec`` atomically; a reader sees the old file or the new one, never a part."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / spec_filename(res)
-    data = json.dumps(spec, indent=2, sort_keys=False).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(spec, indent=2, sort_keys=False).encode() + b"\n")
     return path
 
 
