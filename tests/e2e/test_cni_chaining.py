@@ -18,17 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
 REF = "/usr/lib/cni"
-
-
-def sh(*argv: str, check: bool = True) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 import cni.dataplane
 from cni import commands, skel
@@ -28,13 +28,6 @@ from cni.netconf import parse_ipam
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns, bridges and veth pairs")
 
 REF = "/usr/lib/cni"
-
-
-def sh(*argv: str, check: bool = True) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 class Node:

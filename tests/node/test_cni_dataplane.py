@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from cni import dataplane
 from cni.dataplane import names
@@ -31,13 +32,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates n
 T = TypeVar("T")
 BR = "npbr0"
 GW4, GW6 = "10.77.0.1", "fd77::1"
-
-
-def sh(*argv: str, check: bool = True) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 class Host:
