@@ -84,13 +84,6 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def _run(argv: list[str], doing: str, timeout: float = FS_TIMEOUT) -> str:
-    try:
-        return run(argv, timeout)
-    except CommandError as e:
-        raise Internal.from_command(e, doing) from e
-
-
 def loop_devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
     """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run)."""
     want = os.path.realpath(backing)
@@ -115,7 +108,9 @@ def attach_rw(backing: Path) -> str:
     """The read-write loop device of ``backing``, attaching one when there is none."""
     dev = rw_device(backing)
     if dev is None:
-        dev = _run(["losetup", "-f", "--show", str(backing)], f"attaching {backing.name}", loopdev.TIMEOUT).strip()
+        dev = fileops.cmd(
+            ["losetup", "-f", "--show", str(backing)], loopdev.TIMEOUT, f"attaching {backing.name}"
+        ).strip()
     return dev
 
 
@@ -186,7 +181,11 @@ class NodeHost:
                 if have is None:
                     found = fs_type_of(device)
                     if not found:
-                        _run(["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device], f"formatting {v.volume_id}")
+                        fileops.cmd(
+                            ["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device],
+                            FS_TIMEOUT,
+                            f"formatting {v.volume_id}",
+                        )
                     elif found != fs:
                         raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
                     have = mounts.fs_size(device, fs)
@@ -196,7 +195,7 @@ class NodeHost:
                     fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
                 mounts.mount(device, spec.staging, fs, spec.flags)
                 if grown and fs == "xfs":  # xfs grows only while mounted
-                    _run(["xfs_growfs", str(spec.staging)], f"growing xfs of {v.volume_id}")
+                    fileops.cmd(["xfs_growfs", str(spec.staging)], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
 
             self._mount_once(spec, do_mount, v)
         if rec != StageRecord(v.volume_id, str(spec.staging), device):
@@ -301,7 +300,9 @@ class NodeHost:
         if device is None:
             raise FailedPrecondition(f"volume {v.volume_id}: its loop device is gone; stage it again")
         if spec.readonly:  # a read-only bind of a device node does not stop writes to the device
-            device = _run(["losetup", "-r", "-f", "--show", str(self.backing(v))], "attaching read-only").strip()
+            device = fileops.cmd(
+                ["losetup", "-r", "-f", "--show", str(self.backing(v))], FS_TIMEOUT, "attaching read-only"
+            ).strip()
         if not spec.target.exists():
             spec.target.touch(mode=0o640)
         try:
@@ -475,7 +476,7 @@ class NodeHost:
         if not mounts.is_mounted(rec.staging_path):
             raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
         if v.fs_type == "xfs":
-            _run(["xfs_growfs", rec.staging_path], f"growing xfs of {v.volume_id}")
+            fileops.cmd(["xfs_growfs", rec.staging_path], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
         else:
             try:
                 run(["resize2fs", device], FS_TIMEOUT)
