@@ -1,14 +1,14 @@
 """Loop devices over backing files, through ``losetup`` (argument lists, timeouts).
 
-Loop devices do not survive a reboot and are not recorded as truth anywhere: :func:`find` asks the kernel which
-device (if any) is attached to a backing file, and :func:`attach` reuses that one, so staging the same volume twice,
-or again after an agent restart, never attaches a second device. Errors are :class:`csi.errors.Internal` naming the
-command and its stderr.
+Loop devices do not survive a reboot and are not recorded as truth anywhere: :func:`devices_of` asks the kernel
+(sysfs) which devices are attached to a backing file, and :func:`attach_rw` reuses the read-write one, so staging the
+same volume twice, or again after an agent restart, never attaches a second device. Read-only devices (made for
+read-only block publishes) are never reused for staging. Errors are :class:`csi.errors.Internal` naming the command
+and its stderr.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -27,31 +27,36 @@ def _losetup(*args: str) -> str:
         raise Internal.from_command(e) from e
 
 
-def find(backing: Path) -> str | None:
-    """The loop device attached to ``backing`` (first one by name), or None."""
-    target = os.path.realpath(backing)
-    out = _losetup("-J", "-l", "-O", "NAME,BACK-FILE")
-    if not out.strip():
-        return None
+def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
+    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run)."""
+    want = os.path.realpath(backing)
     found = []
-    for dev in json.loads(out).get("loopdevices", []):
-        back = (dev.get("back-file") or "").removesuffix(" (deleted)")
-        if back == target:
-            found.append(str(dev["name"]))
-    return sorted(found, key=lambda n: (len(n), n))[0] if found else None
+    for d in sys_block.glob("loop*"):
+        try:
+            back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+            ro = (d / "ro").read_text().strip() == "1"
+        except OSError:
+            continue
+        if back == want:
+            found.append((f"/dev/{d.name}", ro))
+    return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
-def attach(backing: Path, direct_io: bool = False) -> str:
-    """Attach ``backing`` to a free loop device (or return the one already attached) and return its path."""
-    existing = find(backing)
-    if existing:
-        return existing
-    args = ["-f", "--show"]
-    if direct_io:
-        args.append("--direct-io=on")
-    dev = _losetup(*args, str(backing)).strip()
-    if not dev.startswith("/dev/loop"):
-        raise Internal(f"losetup -f --show {backing}: unexpected output {dev!r}")
+def rw_device(backing: Path) -> str | None:
+    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing."""
+    return next((dev for dev, ro in devices_of(backing) if not ro), None)
+
+
+def attach_rw(backing: Path) -> str:
+    """The read-write loop device of ``backing``, attaching one when there is none."""
+    dev = rw_device(backing)
+    if dev is None:
+        try:
+            dev = run(["losetup", "-f", "--show", str(backing)], timeout=TIMEOUT).strip()
+        except CommandError as e:
+            raise Internal.from_command(e, f"attaching {backing.name}") from e
+        if not dev.startswith("/dev/loop"):
+            raise Internal(f"losetup -f --show {backing}: unexpected output {dev!r}")
     return dev
 
 

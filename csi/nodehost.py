@@ -14,7 +14,6 @@ directory (targets, resolved and checked by the servicer) and the driver's own p
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -84,36 +83,6 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def loop_devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
-    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run)."""
-    want = os.path.realpath(backing)
-    found = []
-    for d in sys_block.glob("loop*"):
-        try:
-            back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
-            ro = (d / "ro").read_text().strip() == "1"
-        except OSError:
-            continue
-        if back == want:
-            found.append((f"/dev/{d.name}", ro))
-    return sorted(found, key=lambda x: (len(x[0]), x[0]))
-
-
-def rw_device(backing: Path) -> str | None:
-    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing."""
-    return next((dev for dev, ro in loop_devices_of(backing) if not ro), None)
-
-
-def attach_rw(backing: Path) -> str:
-    """The read-write loop device of ``backing``, attaching one when there is none."""
-    dev = rw_device(backing)
-    if dev is None:
-        dev = fileops.cmd(
-            ["losetup", "-f", "--show", str(backing)], loopdev.TIMEOUT, f"attaching {backing.name}"
-        ).strip()
-    return dev
-
-
 def fs_type_of(device: str) -> str:
     """The filesystem signature on ``device`` ("" when blank)."""
     try:
@@ -168,12 +137,12 @@ class NodeHost:
             raise FailedPrecondition(f"volume {v.volume_id}: its backing {backing} is missing; the data is gone")
         spec.staging.mkdir(parents=True, exist_ok=True)
         if v.is_block:
-            device = attach_rw(backing)
+            device = loopdev.attach_rw(backing)
         elif v.is_subvolume:
             device = ""
             self._mount_once(spec, lambda: mounts.bind_mount(backing, spec.staging, False, spec.flags), v)
         else:
-            device = attach_rw(backing)
+            device = loopdev.attach_rw(backing)
             fs = v.fs_type or spec.fs_type or "ext4"
 
             def do_mount() -> None:
@@ -249,7 +218,7 @@ class NodeHost:
         except CommandError as e:
             raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
         # every loop device over the volume's file: the staged one and read-only ones a crash left behind
-        devices = [d for d, _ in loop_devices_of(self.backing(v))] if v is not None and not v.is_subvolume else []
+        devices = [d for d, _ in loopdev.devices_of(self.backing(v))] if v is not None and not v.is_subvolume else []
         for d in devices:
             loopdev.detach(d)
         device = ",".join(devices)
@@ -296,7 +265,7 @@ class NodeHost:
         self.log.info("published", volume_id=v.volume_id, target=target, readonly=spec.readonly)
 
     def _publish_block(self, v: Volume, spec: PublishSpec, rec: StageRecord, flags: list[str]) -> None:
-        device = rw_device(self.backing(v))
+        device = loopdev.rw_device(self.backing(v))
         if device is None:
             raise FailedPrecondition(f"volume {v.volume_id}: its loop device is gone; stage it again")
         if spec.readonly:  # a read-only bind of a device node does not stop writes to the device
@@ -317,7 +286,7 @@ class NodeHost:
     ) -> None:
         where = f"volume {v.volume_id} is already published at {spec.target}"
         if v.is_block and entry.fs_type == "devtmpfs":
-            ours = {"/" + Path(dev).name for dev, _ in loop_devices_of(self.backing(v))}
+            ours = {"/" + Path(dev).name for dev, _ in loopdev.devices_of(self.backing(v))}
             if entry.root not in ours:
                 raise AlreadyExists(f"target_path {spec.target} already holds another device (/dev{entry.root})")
         elif existing is None and entry.fs_type != "devtmpfs":
@@ -426,7 +395,7 @@ class NodeHost:
         entry = mounts.find_mount(path)
         published = self.store.get_publish(v.volume_id, str(path)) is not None
         if v.is_block:
-            device = rw_device(backing)
+            device = loopdev.rw_device(backing)
             if device is None:
                 return VolumeStats(None, None, f"the loop device of {backing} is gone; stage the volume again")
             if published and entry is None:
@@ -462,7 +431,7 @@ class NodeHost:
         rec = self._where(v, path)
         if v.is_subvolume:
             return max(v.capacity_bytes, required)  # the qgroup limit was raised by ControllerExpandVolume
-        device = rw_device(self.backing(v))
+        device = loopdev.rw_device(self.backing(v))
         if device is None:
             raise FailedPrecondition(f"volume {v.volume_id} has no loop device; stage it again")
         loopdev.refresh_size(device)

@@ -175,7 +175,7 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
         if not backing.exists():
             missing.append(f"volume {v.volume_id}: backing {backing} is missing")
             continue
-        if not v.is_subvolume and loopdev.find(backing) is None:
+        if not v.is_subvolume and loopdev.rw_device(backing) is None:
             missing.append(f"volume {v.volume_id}: loop device gone; NodeStageVolume re-attaches it")
         if not v.is_block and not mounts.is_mounted(rec.staging_path, table):
             missing.append(f"volume {v.volume_id}: not mounted at {rec.staging_path}; NodeStageVolume re-mounts it")

@@ -43,7 +43,7 @@ def manager(tmp_path: Path) -> Iterator[VolumeManager]:
 def mounted(v: Volume, where: Path, mounts: Callable[[Path], Path], ro: bool = False) -> Iterator[Path]:
     """Mount a volume's file through a loop device (as the node side would), and take it all down afterwards."""
     where.mkdir(parents=True, exist_ok=True)
-    dev = loopdev.attach(Path(v.path))
+    dev = loopdev.attach_rw(Path(v.path))
     try:
         sh("mount", "-t", v.fs_type, "-o", "ro" if ro else "rw", dev, str(mounts(where)))
         try:
@@ -101,7 +101,7 @@ def test_snapshot_of_a_staged_volume_freezes_it(
     v = manager.create_volume("live", CapacityRange(32 * MIB), "mount", "ext4", "", {})
     staging = tmp_path / "kubelet" / "staging"
     with mounted(v, staging, mounts) as m:
-        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.find(Path(v.path)) or ""))
+        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.rw_device(Path(v.path)) or ""))
         payload = os.urandom(3 * MIB)
         (m / "unsynced.bin").write_bytes(payload)  # no fsync: still dirty in the page cache
         snap = manager.create_snapshot("live-snap", v.volume_id, {})
@@ -124,7 +124,7 @@ def test_copies_of_a_staged_volume_mount_beside_it(
     v = manager.create_volume(f"live-{fs}", CapacityRange(300 * MIB), "mount", fs, "", {})
     staging = tmp_path / "kubelet" / "staging"
     with mounted(v, staging, mounts) as m:
-        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.find(Path(v.path)) or ""))
+        manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.rw_device(Path(v.path)) or ""))
         (m / "f").write_text("before")
         snap = manager.create_snapshot(f"s-{fs}", v.volume_id, {})
         restored = manager.create_volume(
@@ -155,9 +155,9 @@ def test_mount_volume_capacity_is_enforced(
 
 def test_block_volume_capacity_and_expansion(manager: VolumeManager) -> None:
     v = manager.create_volume("blk", CapacityRange(8 * MIB), "block", "", "", {})
-    dev = loopdev.attach(Path(v.path))
+    dev = loopdev.attach_rw(Path(v.path))
     try:
-        assert loopdev.attach(Path(v.path)) == dev  # a second attach reuses the device
+        assert loopdev.attach_rw(Path(v.path)) == dev  # a second attach reuses the device
         assert int(sh("blockdev", "--getsize64", dev)) == 8 * MIB
         fd = os.open(dev, os.O_WRONLY)
         try:
@@ -174,7 +174,7 @@ def test_block_volume_capacity_and_expansion(manager: VolumeManager) -> None:
     finally:
         loopdev.detach(dev)
     loopdev.detach(dev)  # already detached: fine
-    assert loopdev.find(Path(v.path)) is None
+    assert loopdev.devices_of(Path(v.path)) == []
     manager.delete_volume(v.volume_id)
 
 
@@ -219,7 +219,7 @@ def test_never_deletes_outside_the_data_dir(manager: VolumeManager, tmp_path: Pa
 
 def test_snapshot_of_a_staged_block_volume_flushes_the_device(manager: VolumeManager) -> None:
     v = manager.create_volume("live-blk", CapacityRange(8 * MIB), "block", "", "", {})
-    dev = loopdev.attach(Path(v.path))
+    dev = loopdev.attach_rw(Path(v.path))
     try:
         manager.store.put_stage(StageRecord(v.volume_id, "/var/lib/kubelet/staging/blk", dev))
         fd = os.open(dev, os.O_WRONLY)  # held open like a pod's (the last close would flush by itself)

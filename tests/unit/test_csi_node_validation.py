@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from csi.errors import InvalidArgument
+from csi.loopdev import devices_of
 from csi.mounts import MountEntry, fs_problem, fs_size, parse_mountinfo
 from csi.node import capability, checked_flags, checked_path
-from csi.nodehost import loop_devices_of, parse_size
+from csi.nodehost import parse_size
 from nodeplug.api.csi.v1 import csi_pb2
 
 Cap = csi_pb2.VolumeCapability
@@ -139,7 +140,7 @@ def test_loop_devices_of_reads_sysfs(tmp_path: Path) -> None:
         (sys_block / name / "loop" / "backing_file").write_text(back + "\n")
         (sys_block / name / "ro").write_text(ro + "\n")
     (sys_block / "loop7").mkdir()  # not attached: no loop/ directory
-    assert loop_devices_of(backing, sys_block) == [("/dev/loop3", False), ("/dev/loop12", True)]
+    assert devices_of(backing, sys_block) == [("/dev/loop3", False), ("/dev/loop12", True)]
 
 
 @pytest.mark.skipif(not (shutil.which("mkfs.ext4") and shutil.which("mkfs.xfs")), reason="needs e2fsprogs, xfsprogs")
