@@ -377,23 +377,23 @@ class NodeHost:
 
     # ------------------------------------------------------------ stats and expansion
 
-    def _where(self, v: Volume, path: Path) -> StageRecord:
+    def _where(self, v: Volume, path: Path) -> tuple[StageRecord, bool]:
+        """The volume's stage record and whether ``path`` is one of its publish targets (else the staging path)."""
         rec = self.store.get_stage(v.volume_id)
         published = self.store.get_publish(v.volume_id, str(path)) is not None
         if rec is None or (rec.staging_path != str(path) and not published):
             raise NotFound(f"volume {v.volume_id} is not staged or published at {path}")
-        return rec
+        return rec, published
 
     def stats(self, volume_id: str, path: Path) -> VolumeStats:
         v = self.volume(volume_id)
-        self._where(v, path)
+        _, published = self._where(v, path)
         backing = self.backing(v)
         if not backing.exists():
             return VolumeStats(
                 None, None, f"the backing {'subvolume' if v.is_subvolume else 'file'} {backing} is missing"
             )
         entry = mounts.find_mount(path)
-        published = self.store.get_publish(v.volume_id, str(path)) is not None
         if v.is_block:
             device = loopdev.rw_device(backing)
             if device is None:
@@ -428,7 +428,7 @@ class NodeHost:
 
     def expand(self, volume_id: str, path: Path, kind: str, required: int) -> int:
         v = self.volume(volume_id)
-        rec = self._where(v, path)
+        rec, _ = self._where(v, path)
         if v.is_subvolume:
             return max(v.capacity_bytes, required)  # the qgroup limit was raised by ControllerExpandVolume
         device = loopdev.rw_device(self.backing(v))
