@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -205,13 +204,6 @@ def block_size(path: str | Path) -> int:
         return os.lseek(fd, 0, os.SEEK_END)
     finally:
         os.close(fd)
-
-
-def is_block_device(path: str | Path) -> bool:
-    try:
-        return stat.S_ISBLK(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 def _sysfs_dev_name(entry: MountEntry) -> str:

@@ -318,9 +318,6 @@ class StateStore:
         rows, token = self._page("snapshots", _SNAP_COLS, where, args, max_entries, starting_token)
         return [_snapshot(r) for r in rows], token
 
-    def snapshots_of(self, source_volume_id: str) -> list[Snapshot]:
-        return self.list_snapshots(source_volume_id=source_volume_id)[0]
-
     # ------------------------------------------------------------ group snapshots
 
     def get_group_snapshot(self, group_snapshot_id: str) -> GroupSnapshot | None:

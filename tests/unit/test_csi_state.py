@@ -136,7 +136,7 @@ def test_snapshots_by_source_and_groups(tmp_path: Path) -> None:
     s = StateStore(tmp_path / "state.db")
     for i in range(5):
         s.put_snapshot(snap(i, "vol-a" if i % 2 else "vol-b"))
-    assert [x.snapshot_id for x in s.snapshots_of("vol-a")] == ["snap-1", "snap-3"]
+    assert [x.snapshot_id for x in s.list_snapshots(source_volume_id="vol-a")[0]] == ["snap-1", "snap-3"]
     page, token = s.list_snapshots(1, "", "vol-a")
     assert [x.snapshot_id for x in page] == ["snap-1"] and token
     page, token = s.list_snapshots(1, token, "vol-a")
