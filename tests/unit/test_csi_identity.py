@@ -99,6 +99,7 @@ async def test_registration_get_info_and_status(tmp_path: Path) -> None:
             assert (info.type, info.name) == ("CSIPlugin", "local.csi.nodeplug.io")
             assert info.endpoint == "/var/lib/kubelet/plugins/local.csi.nodeplug.io/csi.sock"
             assert list(info.supported_versions) == ["1.0.0"]
+            assert reg.status.info_calls == 1 and "asked for plugin info" in reg.status.describe()
             await kubelet.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=False, error="bad"))
             assert reg.rejected and "bad" in reg.status.describe()
             await kubelet.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=True))
