@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from csi import loopdev, mounts
-from csi.backends import fileops
+from csi.backends import btrfs, fileops
 from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from csi.model import PublishRecord, StageRecord, Volume, validate_id
 from csi.volumes import CapacityRange, VolumeManager
@@ -417,14 +417,12 @@ class NodeHost:
             out = run(["btrfs", "qgroup", "show", "-r", "--raw", "-f", str(backing)], 30)
         except CommandError:
             return fs
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) >= 4 and parts[0].startswith("0/") and parts[1].isdigit():
-                used = int(parts[1])
-                total = v.capacity_bytes
-                avail = max(0, min(fs.available_bytes, total - used))
-                return mounts.FsStats(total, avail, used, fs.total_inodes, fs.free_inodes, fs.used_inodes)
-        return fs
+        used = next(iter(btrfs.qgroup_referenced(out).values()), None)  # -f: only the subvolume's own qgroup
+        if used is None:
+            return fs
+        total = v.capacity_bytes
+        avail = max(0, min(fs.available_bytes, total - used))
+        return mounts.FsStats(total, avail, used, fs.total_inodes, fs.free_inodes, fs.used_inodes)
 
     def expand(self, volume_id: str, path: Path, kind: str, required: int) -> int:
         v = self.volume(volume_id)

@@ -62,6 +62,16 @@ def subvolume_id(path: Path) -> int:
         os.close(fd)
 
 
+def qgroup_referenced(out: str) -> dict[int, int]:
+    """qgroup 0/<id> -> referenced bytes, from the output of ``btrfs qgroup show --raw``."""
+    used: dict[int, int] = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 2 and f[0].startswith("0/") and f[1].isdigit():
+            used[int(f[0][2:])] = int(f[1])
+    return used
+
+
 def btrfs(*args: str, doing: str = "") -> str:
     return fileops.cmd(["btrfs", *args], BTRFS_TIMEOUT, doing)
 
@@ -104,13 +114,7 @@ class BtrfsBackend:
 
     def _referenced(self) -> dict[int, int]:
         """qgroup 0/<id> -> referenced bytes."""
-        out = btrfs("qgroup", "show", "--raw", str(self.mount_point), doing="reading qgroup usage")
-        used: dict[int, int] = {}
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) >= 2 and f[0].startswith("0/") and f[1].isdigit():
-                used[int(f[0][2:])] = int(f[1])
-        return used
+        return qgroup_referenced(btrfs("qgroup", "show", "--raw", str(self.mount_point), doing="reading qgroup usage"))
 
     def free_bytes(self, volumes: Iterable[Volume]) -> int:
         self.ready()
