@@ -22,6 +22,7 @@ from pathlib import Path
 
 from csi.errors import Internal
 from nodeplug.commands import CommandError, run
+from nodeplug.fsutil import fsync_dir
 
 FICLONE = 0x40049409
 MIB = 1 << 20
@@ -44,14 +45,6 @@ def cmd(argv: list[str], timeout: float, doing: str = "") -> str:
 def tmp_name(final: Path) -> Path:
     """The temporary sibling a new file or subvolume is built under before it is renamed to ``final``."""
     return final.with_name(f".tmp-{final.name}")
-
-
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit(tmp: Path, final: Path) -> str:
