@@ -71,9 +71,15 @@ def _links() -> set[str]:
     return {link["ifname"] for link in json.loads(out or "[]") if not _KERNEL_LINKS.fullmatch(link["ifname"])}
 
 
+# iproute2 makes /run/netns a shared bind mount of itself the first time any netns is added and keeps it for good:
+# on a freshly booted machine the first test to add a netns creates it, and that is not a leak (the namespaces
+# mounted inside it are, and are listed by name).
+_SYSTEM_MOUNTS = frozenset({"/run/netns", "/var/run/netns"})
+
+
 def _mounts() -> set[str]:
     with open("/proc/self/mountinfo") as f:
-        return {line.split()[4] for line in f}
+        return {point for line in f if (point := line.split()[4]) not in _SYSTEM_MOUNTS}
 
 
 def _loops() -> set[str]:
