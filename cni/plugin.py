@@ -89,8 +89,8 @@ class CniPlugin:
     async def start(self) -> None:
         from cni import commands
 
-        # warm: pyroute2 and the dataplane are imported once, here; in a thread, as that takes about 150 ms during
-        # which the loop would stop serving the HTTP endpoint and the plugins already started
+        # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes tens
+        # of milliseconds during which the loop would stop serving the HTTP endpoint and the plugins already started
         dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
         self._table = commands.table(dataplane)
         self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")

@@ -52,10 +52,10 @@ def add(
     try:
         if same_netns(nsfd):
             raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {netns} is the host's own network namespace")
-        with host_socket() as ipr, contextlib.ExitStack() as undo:
-            br_index, br_iface = ensure_bridge(ipr, conf, ips)
-            host_iface, pod_iface = create_pair(ipr, conf, br_index, host_name, nsfd, netns, ifname)
-            undo.callback(_quietly, delete_host_end, ipr, host_name)
+        with host_socket() as nl, contextlib.ExitStack() as undo:
+            br_index, br_iface = ensure_bridge(nl, conf, ips)
+            host_iface, pod_iface = create_pair(nl, conf, br_index, host_name, nsfd, netns, ifname)
+            undo.callback(_quietly, delete_host_end, nl, host_name)
             pod_index: list[int] = []
 
             def inside_pod() -> None:
@@ -64,7 +64,7 @@ def add(
                     sysctl.ensure(sysctl.conf_key(6, ifname, "accept_dad"), "0", missing_ok=True)
 
             with socket_in(nsfd, netns, inside_pod) as nsr:
-                configure_host_port(ipr, conf, host_name, names.alias(conf.name, container_id, ifname))
+                configure_host_port(nl, conf, host_name, names.alias(conf.name, container_id, ifname))
                 configure_pod(nsr, netns, ifname, pod_index[0], ips, routes)
             if conf.is_gateway:
                 _forwarding(families)
@@ -86,8 +86,8 @@ def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, 
     # the rules are.
     rules = _Background(masq.delete_attachment, conf.name, host_name)
     try:
-        with host_socket() as ipr:
-            delete_host_end(ipr, host_name)
+        with host_socket() as nl:
+            delete_host_end(nl, host_name)
     finally:
         rules.result()
 

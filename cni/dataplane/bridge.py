@@ -27,13 +27,19 @@ from typing import Any
 from cni.dataplane.nl import (
     IFF_PROMISC,
     IFF_UP,
+    Attr,
     NetlinkError,
-    addr_args,
+    Rtnl,
+    add_addr,
     addresses,
+    create_link,
+    del_addr,
     get_link,
     link_kind,
+    linkinfo,
     nl_error,
     random_mac,
+    set_link,
 )
 from cni.dataplane.tools import ToolError, run_tool
 from cni.errors import DATAPLANE, CniError
@@ -43,20 +49,20 @@ from cni.types import Interface, IPConfig
 IPIface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
 
-def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[int, Interface]:
+def ensure_bridge(nl: Rtnl, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[int, Interface]:
     """Make sure the bridge exists, is up and carries the gateways; return its index and result interface."""
     name = conf.bridge
-    msg = get_link(ipr, name)
+    msg = get_link(nl, name)
     if msg is None:
-        args: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": random_mac()}
+        attrs: list[Attr] = [("IFLA_IFNAME", name), ("IFLA_ADDRESS", random_mac()), linkinfo("bridge")]
         if conf.mtu:
-            args["mtu"] = conf.mtu
+            attrs.append(("IFLA_MTU", conf.mtu))
         try:
-            ipr.link("add", **args)
+            create_link(nl, attrs)
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise nl_error(f"create bridge {name}", e) from None
-        msg = get_link(ipr, name)
+        msg = get_link(nl, name)
         if msg is None:
             raise CniError(DATAPLANE, details=f"bridge {name} vanished right after it was created")
     kind = link_kind(msg)
@@ -69,16 +75,16 @@ def ensure_bridge(ipr: Any, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
     want = IFF_UP | (IFF_PROMISC if conf.promisc_mode else 0)
     if flags & want != want:
         try:
-            ipr.link("set", index=index, flags=want, change=want)
+            set_link(nl, index, flags=want, change=want)
         except NetlinkError as e:
             raise nl_error(f"bring bridge {name} up", e) from None
     if conf.vlan:
-        _ensure_vlan_filtering(ipr, name, index, msg)
+        _ensure_vlan_filtering(nl, name, index, msg)
         if conf.is_gateway:
             _bridge_self_in_vlan(name, conf.vlan)
     if conf.is_gateway:
         for gw in gateway_addresses(ips):
-            _ensure_addr(ipr, name, index, gw, conf.force_address)
+            _ensure_addr(nl, name, index, gw, conf.force_address)
     return index, Interface(name=name, mac=str(msg.get("IFLA_ADDRESS") or ""))
 
 
@@ -91,18 +97,18 @@ def gateway_addresses(ips: Sequence[IPConfig]) -> list[IPIface]:
     return list(out.values())
 
 
-def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, force: bool) -> None:
+def _ensure_addr(nl: Rtnl, name: str, index: int, gw: IPIface, force: bool) -> None:
     """Put ``gw`` on the bridge. It is added first (one request; EEXIST, the usual case, means an earlier ADD put it
     there); only a newly added gateway is compared with the bridge's other addresses of its family."""
     try:
-        ipr.addr("add", index=index, **addr_args(gw))
+        add_addr(nl, index, gw)
     except NetlinkError as e:
         if e.code == errno.EEXIST:
             return
         raise nl_error(f"add gateway address {gw} to bridge {name}", e) from None
     conflicts = [
         a
-        for a in addresses(ipr, index)
+        for a in addresses(nl, index)
         if a.version == gw.version
         and not a.ip.is_link_local
         and a != gw
@@ -110,7 +116,7 @@ def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, force: bool) -> N
     ]
     if conflicts and not force:
         with contextlib.suppress(NetlinkError):
-            ipr.addr("del", index=index, address=str(gw.ip), prefixlen=gw.network.prefixlen)
+            del_addr(nl, index, gw)
         raise CniError(
             DATAPLANE,
             details=f"bridge {name} already has the address {conflicts[0]}, different from gateway {gw} "
@@ -118,18 +124,18 @@ def _ensure_addr(ipr: Any, name: str, index: int, gw: IPIface, force: bool) -> N
         )
     for a in conflicts:
         try:
-            ipr.addr("del", index=index, address=str(a.ip), prefixlen=a.network.prefixlen)
+            del_addr(nl, index, a)
         except NetlinkError as e:
             if e.code != errno.EADDRNOTAVAIL:
                 raise nl_error(f"remove address {a} from bridge {name}", e) from None
 
 
-def _ensure_vlan_filtering(ipr: Any, name: str, index: int, msg: Any) -> None:
+def _ensure_vlan_filtering(nl: Rtnl, name: str, index: int, msg: Any) -> None:
     data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
     if data is not None and data.get("IFLA_BR_VLAN_FILTERING"):
         return
     try:
-        ipr.link("set", index=index, kind="bridge", br_vlan_filtering=1)
+        set_link(nl, index, [linkinfo("bridge", [("IFLA_BR_VLAN_FILTERING", 1)])])
     except NetlinkError as e:
         if e.code == errno.EOPNOTSUPP:
             raise CniError(

@@ -13,22 +13,21 @@ from typing import Any
 
 from cni.dataplane import names
 from cni.dataplane.netns import open_netns
-from cni.dataplane.nl import AF_INET, AF_INET6, addresses, get_link, host_socket, socket_in
+from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, socket_in
+from cni.dataplane.rtnl import RTM_GETROUTE, rtmsg
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Result, Route
-
-_MAIN_TABLE = 254
 
 
 def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Result) -> None:
     """Raise CniError naming the first mismatch between the kernel and ``prev``."""
     host_name = names.host_veth_name(container_id, ifname)
-    with host_socket() as ipr:
-        br = get_link(ipr, conf.bridge)
+    with host_socket() as nl:
+        br = get_link(nl, conf.bridge)
         if br is None:
             raise _mismatch(f"bridge {conf.bridge} is missing")
-        hv = get_link(ipr, host_name)
+        hv = get_link(nl, host_name)
         if hv is None:
             raise _mismatch(f"host interface {host_name} of {ifname} is missing")
         if hv.get("IFLA_MASTER") != br["index"]:
@@ -77,10 +76,12 @@ def _mismatch(what: str) -> CniError:
 RouteKey = tuple[int, Any, Any]  # (table, dst network, gateway address or None)
 
 
-def _routes(nsr: Any) -> set[RouteKey]:
+def _routes(nsr: Rtnl) -> set[RouteKey]:
     out: set[RouteKey] = set()
     for family, zero in ((AF_INET, "0.0.0.0"), (AF_INET6, "::")):
-        for msg in nsr.route("dump", family=family):
+        request = rtmsg()
+        request["family"] = family
+        for msg in nsr.dump(request, RTM_GETROUTE, rtmsg):
             dst = msg.get("RTA_DST") or zero
             gw = msg.get("RTA_GATEWAY")
             table = msg.get("RTA_TABLE") or msg["table"]
@@ -95,4 +96,4 @@ def _routes(nsr: Any) -> set[RouteKey]:
 
 
 def _has_route(table: set[RouteKey], route: Route) -> bool:
-    return (route.table or _MAIN_TABLE, route.dst, route.gw) in table
+    return (route.table or RT_TABLE_MAIN, route.dst, route.gw) in table

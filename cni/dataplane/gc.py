@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from cni.dataplane import masq, names
-from cni.dataplane.nl import host_socket
+from cni.dataplane.nl import host_socket, links
 from cni.dataplane.veth import delete_host_end
 from cni.netconf import BridgeConf
 
@@ -20,12 +20,12 @@ def gc(conf: BridgeConf, valid: Collection[tuple[str, str]]) -> None:
     """Remove stale attachments of ``conf.name``; ``valid`` holds the ``(container_id, ifname)`` pairs to keep."""
     keep = {names.host_veth_name(cid, ifname) for cid, ifname in valid}
     prefix = names.alias_network_prefix(conf.name)
-    with host_socket() as ipr:
-        for msg in ipr.link("dump"):
+    with host_socket() as nl:
+        for msg in links(nl):
             name = msg.get("IFLA_IFNAME")
             alias = msg.get("IFLA_IFALIAS") or ""
             if alias.startswith(prefix) and name not in keep:
-                delete_host_end(ipr, name)
+                delete_host_end(nl, name)
     key = names.netkey(conf.name)
 
     def stale(comment: str) -> bool:

@@ -1,8 +1,9 @@
-"""Netlink helpers over pyroute2: sockets, lookups and turning kernel errors into CNI errors.
+"""Netlink helpers: sockets on each side, the few requests the dataplane makes, and kernel errors as CNI errors.
 
-One :class:`~pyroute2.IPRoute` per side per call (the host side is the calling thread's netns; the pod side is opened
-from inside the pod's netns, see :mod:`cni.dataplane.netns`). pyroute2's synchronous API runs its own event loop in the
-calling thread, so these functions are called from worker threads, never from a running event loop.
+One :class:`~cni.dataplane.rtnl.Rtnl` socket per side per call: the host side is the calling thread's netns; the pod
+side is opened from inside the pod's netns (see :mod:`cni.dataplane.netns`) and keeps talking to it from anywhere.
+Requests are pyroute2 message objects (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``) built here with the attributes the
+dataplane sets, so the rest of the dataplane reads as what it does ("add this address", "get that link").
 """
 
 from __future__ import annotations
@@ -10,31 +11,52 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
 from cni.dataplane.netns import entered
+from cni.dataplane.rtnl import (
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    RTEXT_FILTER_SKIP_STATS,
+    RTM_DELADDR,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    NetlinkError,
+    Rtnl,
+    ifaddrmsg,
+    ifinfmsg,
+    rtmsg,
+)
 from cni.errors import DATAPLANE, CniError
+from cni.types import Route
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
 IFA_F_NODAD = 0x02
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
-AF_INET = 2
-AF_INET6 = 10
+RTPROT_STATIC = 4  # as `ip route add` and pyroute2 mark routes added by an administrator
+RTN_UNICAST = 1
+RT_TABLE_MAIN = 254
+AF_INET = socket.AF_INET
+AF_INET6 = socket.AF_INET6
 
-__all__ = ["IPRoute", "NetlinkError"]
+IPIface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+Attr = tuple[str, Any]
+
+__all__ = ["NetlinkError", "Rtnl"]
 
 
 def nl_error(what: str, e: BaseException) -> CniError:
-    """``what`` failed: a CniError (code 101) carrying the kernel's reason."""
+    """``what`` failed: a CniError (code 101) carrying the kernel's reason (and its extended message, if any)."""
     if isinstance(e, NetlinkError):
-        reason = os.strerror(e.code) if e.code else str(e)
+        reason = str(e.args[1]) if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
     elif isinstance(e, OSError) and e.errno:
         reason = e.strerror or os.strerror(e.errno)
     else:
@@ -43,47 +65,92 @@ def nl_error(what: str, e: BaseException) -> CniError:
 
 
 @contextmanager
-def host_socket() -> Iterator[Any]:
+def host_socket() -> Iterator[Rtnl]:
     """A netlink socket in the calling thread's netns."""
     try:
-        ipr = IPRoute()
+        nl = Rtnl()
     except OSError as e:
         raise nl_error("open a netlink socket", e) from None
     try:
-        yield ipr
+        yield nl
     finally:
-        ipr.close()
+        nl.close()
 
 
 @contextmanager
-def socket_in(nsfd: int, netns: str, inside: Callable[[], None] | None = None) -> Iterator[Any]:
+def socket_in(nsfd: int, netns: str, inside: Callable[[], None] | None = None) -> Iterator[Rtnl]:
     """A netlink socket bound to the netns ``nsfd``, opened by this thread from inside it. ``inside`` runs there too
     (for sysctls of the pod), so one trip into the netns serves both."""
     try:
         with entered(nsfd):
-            ipr = IPRoute()
+            nl = Rtnl()
             try:
                 if inside is not None:
                     inside()
             except BaseException:
-                ipr.close()
+                nl.close()
                 raise
     except OSError as e:
         raise nl_error(f"enter the network namespace {netns}", e) from None
     try:
-        yield ipr
+        yield nl
     finally:
-        ipr.close()
+        nl.close()
 
 
-def get_link(ipr: Any, name: str) -> Any | None:
-    """The RTM_NEWLINK message of ``name``, or None when there is no such link."""
+# ---------------------------------------------------------------- links
+
+
+def link_msg(index: int = 0, attrs: Sequence[Attr] = (), flags: int = 0, change: int = 0, family: int = 0) -> Any:
+    """An ifinfmsg for link ``index`` (0: named by IFLA_IFNAME in ``attrs``); ``flags`` under the mask ``change``."""
+    msg = ifinfmsg()
+    msg["family"] = family
+    msg["index"] = index
+    msg["flags"] = flags
+    msg["change"] = change
+    msg["attrs"] = list(attrs)
+    return msg
+
+
+def create_link(nl: Rtnl, attrs: Sequence[Attr]) -> None:
+    """RTM_NEWLINK with CREATE|EXCL: NetlinkError EEXIST when the name is taken."""
+    nl.ack(link_msg(attrs=attrs), RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
+
+
+def set_link(nl: Rtnl, index: int, attrs: Sequence[Attr] = (), flags: int = 0, change: int = 0) -> None:
+    """Change link ``index``: ``flags`` under the mask ``change``, and ``attrs``."""
+    nl.ack(link_msg(index, attrs, flags, change), RTM_NEWLINK)
+
+
+def linkinfo(kind: str = "", data: Sequence[Attr] = (), slave_kind: str = "", slave_data: Sequence[Attr] = ()) -> Attr:
+    """IFLA_LINKINFO: the link's kind and its kind-specific data, and/or its port data under a master of
+    ``slave_kind`` (e.g. a bridge port's hairpin mode)."""
+    info: list[Attr] = []
+    if kind:
+        info.append(("IFLA_INFO_KIND", kind))
+        if data:
+            info.append(("IFLA_INFO_DATA", {"attrs": list(data)}))
+    if slave_kind:
+        info.append(("IFLA_INFO_SLAVE_KIND", slave_kind))
+        if slave_data:
+            info.append(("IFLA_INFO_SLAVE_DATA", {"attrs": list(slave_data)}))
+    return ("IFLA_LINKINFO", {"attrs": info})
+
+
+def get_link(nl: Rtnl, name: str) -> Any | None:
+    """The RTM_NEWLINK message of ``name`` (without counters), or None when there is no such link."""
+    msg = link_msg(attrs=[("IFLA_IFNAME", name), ("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)])
     try:
-        return ipr.link("get", ifname=name)[0]
+        return nl.get(msg, RTM_GETLINK, ifinfmsg)
     except NetlinkError as e:
         if e.code == errno.ENODEV:
             return None
         raise
+
+
+def links(nl: Rtnl) -> list[Any]:
+    """Every link of the socket's netns (without counters)."""
+    return nl.dump(link_msg(attrs=[("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)]), RTM_GETLINK, ifinfmsg)
 
 
 def link_kind(msg: Any) -> str:
@@ -98,23 +165,87 @@ def random_mac() -> str:
     return ":".join(f"{x:02x}" for x in b)
 
 
-def addr_args(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> dict[str, Any]:
-    """Keyword arguments for ``ipr.addr('add', ...)``: broadcast on IPv4 (as ip(8) and the Go netlink do), no DAD on
-    IPv6 (the address is usable at once)."""
-    args: dict[str, Any] = {"address": str(iface.ip), "prefixlen": iface.network.prefixlen}
+# ---------------------------------------------------------------- addresses
+
+
+def addr_msg(index: int, iface: IPIface, for_add: bool = True) -> Any:
+    """An ifaddrmsg for ``iface`` on link ``index``. For an add: the broadcast address on IPv4 (as ip(8) and the Go
+    netlink library set it) and no DAD on IPv6 (the address is usable at once)."""
+    msg = ifaddrmsg()
+    msg["family"] = AF_INET if iface.version == 4 else AF_INET6
+    msg["prefixlen"] = iface.network.prefixlen
+    msg["index"] = index
+    ip = str(iface.ip)
+    attrs: list[Attr] = [("IFA_ADDRESS", ip)]
     if iface.version == 4:
-        if iface.network.prefixlen < 31:
-            args["broadcast"] = str(iface.network.broadcast_address)
-    else:
-        args["flags"] = IFA_F_NODAD
-    return args
+        attrs.append(("IFA_LOCAL", ip))
+        if for_add and iface.network.prefixlen < 31:
+            attrs.append(("IFA_BROADCAST", str(iface.network.broadcast_address)))
+    elif for_add:
+        msg["flags"] = IFA_F_NODAD  # the header's 8 bits and IFA_FLAGS (32 bits): kernels read the attribute first
+        attrs.append(("IFA_FLAGS", IFA_F_NODAD))
+    msg["attrs"] = attrs
+    return msg
 
 
-def addresses(ipr: Any, index: int) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+def add_addr(nl: Rtnl, index: int, iface: IPIface) -> None:
+    """Add ``iface`` to link ``index``: NetlinkError EEXIST when it is already there."""
+    nl.ack(addr_msg(index, iface), RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL)
+
+
+def del_addr(nl: Rtnl, index: int, iface: IPIface) -> None:
+    nl.ack(addr_msg(index, iface, for_add=False), RTM_DELADDR)
+
+
+def addresses(nl: Rtnl, index: int) -> list[IPIface]:
     """The addresses on link ``index`` as interfaces (address/prefix)."""
-    out: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] = []
-    for msg in ipr.addr("dump", index=index):
+    out: list[IPIface] = []
+    for msg in nl.dump(ifaddrmsg(), RTM_GETADDR, ifaddrmsg):
+        if msg["index"] != index:
+            continue
         a = msg.get("IFA_ADDRESS")
         if a:
             out.append(ipaddress.ip_interface(f"{a}/{msg['prefixlen']}"))
     return out
+
+
+# ---------------------------------------------------------------- routes
+
+
+def route_msg(route: Route, index: int) -> Any:
+    """An rtmsg adding ``route`` out of link ``index``: via ``route.gw``, or a link route (scope link) without one;
+    ``mtu``/``advmss`` as route metrics; ``priority``, ``table`` and ``scope`` as given."""
+    msg = rtmsg()
+    msg["family"] = AF_INET if route.dst.version == 4 else AF_INET6
+    msg["dst_len"] = route.dst.prefixlen
+    # the header's table is 8 bits; a table named in the config also goes in RTA_TABLE, which the kernel reads first
+    msg["table"] = route.table if route.table is not None and route.table < 256 else RT_TABLE_MAIN
+    msg["proto"] = RTPROT_STATIC
+    msg["type"] = RTN_UNICAST
+    if route.scope is not None:
+        msg["scope"] = route.scope
+    else:
+        msg["scope"] = RT_SCOPE_UNIVERSE if route.gw is not None else RT_SCOPE_LINK
+    attrs: list[Attr] = [("RTA_OIF", index)]
+    if route.table is not None:
+        attrs.append(("RTA_TABLE", route.table))
+    if route.dst.prefixlen:
+        attrs.append(("RTA_DST", str(route.dst.network_address)))
+    if route.gw is not None:
+        attrs.append(("RTA_GATEWAY", str(route.gw)))
+    if route.priority is not None:
+        attrs.append(("RTA_PRIORITY", route.priority))
+    metrics: list[Attr] = []
+    if route.mtu:
+        metrics.append(("RTAX_MTU", route.mtu))
+    if route.advmss:
+        metrics.append(("RTAX_ADVMSS", route.advmss))
+    if metrics:
+        attrs.append(("RTA_METRICS", {"attrs": metrics}))
+    msg["attrs"] = attrs
+    return msg
+
+
+def add_route(nl: Rtnl, route: Route, index: int) -> None:
+    """Add ``route``: NetlinkError EEXIST when the table already has a route to its destination."""
+    nl.ack(route_msg(route, index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)

@@ -20,8 +20,8 @@ def status(conf: BridgeConf) -> None:
     if not _has_cap(_CAP_NET_ADMIN):
         raise CniError(PLUGIN_NOT_AVAILABLE, details="no CAP_NET_ADMIN: cannot create links (run as root)")
     try:
-        with host_socket() as ipr:
-            br = get_link(ipr, conf.bridge)
+        with host_socket() as nl:
+            br = get_link(nl, conf.bridge)
     except CniError as e:
         raise CniError(PLUGIN_NOT_AVAILABLE, details=e.details) from None
     if br is not None and link_kind(br) != "bridge":

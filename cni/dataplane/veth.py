@@ -12,37 +12,44 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any
 
-from cni.dataplane.nl import IFF_UP, NetlinkError, get_link, nl_error, random_mac
+from cni.dataplane.nl import (
+    IFF_UP,
+    Attr,
+    NetlinkError,
+    Rtnl,
+    create_link,
+    get_link,
+    link_msg,
+    linkinfo,
+    nl_error,
+    random_mac,
+    set_link,
+)
+from cni.dataplane.rtnl import RTM_DELLINK, RTM_SETLINK
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface
 
 
 def create_pair(
-    ipr: Any, conf: BridgeConf, bridge_index: int, host_name: str, nsfd: int, netns: str, ifname: str
+    nl: Rtnl, conf: BridgeConf, bridge_index: int, host_name: str, nsfd: int, netns: str, ifname: str
 ) -> tuple[Interface, Interface]:
     """Create the pair (both ends down, the host end on the bridge); return the host end's and the pod end's result
     interfaces. Both MACs are chosen here (random, locally administered, as the kernel would) so nobody has to ask the
     kernel for them afterwards."""
     host_mac, pod_mac = random_mac(), random_mac()
-    peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": nsfd, "address": pod_mac}
-    args: dict[str, Any] = {
-        "ifname": host_name,
-        "kind": "veth",
-        "peer": peer,
-        "master": bridge_index,
-        "address": host_mac,
-    }
+    peer: list[Attr] = [("IFLA_IFNAME", ifname), ("IFLA_NET_NS_FD", nsfd), ("IFLA_ADDRESS", pod_mac)]
+    attrs: list[Attr] = [("IFLA_IFNAME", host_name), ("IFLA_ADDRESS", host_mac), ("IFLA_MASTER", bridge_index)]
     if conf.mtu:
-        args["mtu"] = conf.mtu
-        peer["mtu"] = conf.mtu
+        attrs.append(("IFLA_MTU", conf.mtu))
+        peer.append(("IFLA_MTU", conf.mtu))
+    attrs.append(linkinfo("veth", [("VETH_INFO_PEER", {"attrs": peer})]))
     try:
-        ipr.link("add", **args)
+        create_link(nl, attrs)
     except NetlinkError as e:
         if e.code == errno.EEXIST:
-            if get_link(ipr, host_name) is not None:
+            if get_link(nl, host_name) is not None:
                 raise CniError(
                     DATAPLANE,
                     details=f"host interface {host_name} for this container and ifname {ifname} already exists: "
@@ -63,31 +70,42 @@ def index_of(name: str) -> int:
         raise CniError(DATAPLANE, details=f"interface {name} vanished right after it was created: {e}") from None
 
 
-def configure_host_port(ipr: Any, conf: BridgeConf, host_name: str, alias: str) -> None:
+def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) -> None:
     """Hairpin and VLAN on the bridge port, then the alias and up in one request."""
     index = index_of(host_name)
     if conf.hairpin_mode:
         try:
-            ipr.brport("set", index=index, mode=1)
+            set_link(nl, index, [linkinfo(slave_kind="bridge", slave_data=[("IFLA_BRPORT_MODE", 1)])])
         except NetlinkError as e:
             raise nl_error(f"turn on hairpin mode on bridge port {host_name}", e) from None
     if conf.vlan:
         try:
-            ipr.vlan_filter("add", index=index, vlan_info={"vid": conf.vlan, "pvid": True})
-            if conf.vlan != 1:
-                ipr.vlan_filter("del", index=index, vlan_info={"vid": 1})
+            nl.ack(vlan_msg(index, conf.vlan, BRIDGE_VLAN_INFO_PVID | BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK)
+            if conf.vlan != 1:  # the default VLAN every new port starts in
+                nl.ack(vlan_msg(index, 1, 0), RTM_DELLINK)
         except NetlinkError as e:
             raise nl_error(f"vlan: put bridge port {host_name} into VLAN {conf.vlan}", e) from None
     try:
-        ipr.link("set", index=index, ifalias=alias, flags=IFF_UP, change=IFF_UP)
+        set_link(nl, index, [("IFLA_IFALIAS", alias)], flags=IFF_UP, change=IFF_UP)
     except NetlinkError as e:
         raise nl_error(f"bring {host_name} up", e) from None
 
 
-def delete_host_end(ipr: Any, host_name: str) -> bool:
+BRIDGE_VLAN_INFO_PVID = 0x2
+BRIDGE_VLAN_INFO_UNTAGGED = 0x4
+
+
+def vlan_msg(index: int, vid: int, flags: int) -> object:
+    """The bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN
+    with ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
+    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
+    return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
+
+
+def delete_host_end(nl: Rtnl, host_name: str) -> bool:
     """Delete the pair through its host end; False when it was already gone."""
     try:
-        ipr.link("del", ifname=host_name)
+        nl.ack(link_msg(attrs=[("IFLA_IFNAME", host_name)]), RTM_DELLINK)
     except NetlinkError as e:
         if e.code == errno.ENODEV:
             return False

@@ -9,13 +9,12 @@ import pytest
 
 from cni import dataplane
 from cni.dataplane import masq, names
-from cni.dataplane.addrs import route_args
 from cni.dataplane.bridge import gateway_addresses
-from cni.dataplane.nl import IFA_F_NODAD, RT_SCOPE_LINK, addr_args, random_mac
+from cni.dataplane.nl import random_mac
 from cni.dataplane.status import _CAP_NET_ADMIN, _has_cap
 from cni.errors import CniError
 from cni.netconf import BridgeConf
-from cni.types import IPConfig, Route
+from cni.types import IPConfig
 
 
 def test_host_veth_name_is_deterministic_short_and_distinct() -> None:
@@ -63,33 +62,6 @@ def test_masquerade_script() -> None:
     assert declared.startswith(
         "table inet nodeplug {\n  chain postrouting { type nat hook postrouting priority srcnat;"
     )
-
-
-def test_route_args() -> None:
-    gw = Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.0.0.1"), mtu=1400, priority=5)
-    assert route_args(gw, 7) == {
-        "dst": "0.0.0.0/0",
-        "oif": 7,
-        "gateway": "10.0.0.1",
-        "priority": 5,
-        "metrics": {"mtu": 1400},
-    }
-    link = Route(ipaddress.ip_network("10.9.0.0/16"), table=100)
-    assert route_args(link, 7) == {"dst": "10.9.0.0/16", "oif": 7, "scope": RT_SCOPE_LINK, "table": 100}
-
-
-def test_address_args() -> None:
-    assert addr_args(ipaddress.ip_interface("10.0.0.5/24")) == {
-        "address": "10.0.0.5",
-        "prefixlen": 24,
-        "broadcast": "10.0.0.255",
-    }
-    assert addr_args(ipaddress.ip_interface("10.0.0.5/31")) == {"address": "10.0.0.5", "prefixlen": 31}
-    assert addr_args(ipaddress.ip_interface("fd00::5/64")) == {
-        "address": "fd00::5",
-        "prefixlen": 64,
-        "flags": IFA_F_NODAD,
-    }
 
 
 def test_one_gateway_per_family_with_the_address_prefix() -> None:

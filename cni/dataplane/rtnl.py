@@ -1,0 +1,274 @@
+"""A synchronous rtnetlink socket: pyroute2's message classes over a plain ``AF_NETLINK`` socket.
+
+pyroute2 is the netlink library here: its ``ifinfmsg``, ``ifaddrmsg`` and ``rtmsg`` classes encode every request and
+decode every reply (attribute layouts, nested link info, veth peers, bridge port data, route metrics). What this
+module owns is only the transport, because pyroute2 0.9's own (``IPRoute``) costs more than the work it carries:
+
+- importing the ``pyroute2`` package runs its ``__init__``, which imports its whole flat API (NDB, IPDB, conntrack,
+  nftables, wireless, ... about 300 modules, 120-150 ms on a 2-core node) before any netlink message is sent. The
+  standalone CNI entry point pays that at every exec; it needs three message classes (about 30 modules);
+- ``IPRoute`` runs an asyncio event loop per instance (one per call and side here), and asyncio alone is another
+  30-50 ms to import.
+
+So :func:`_register_package` puts the ``pyroute2`` package into ``sys.modules`` without running its ``__init__``
+(submodules import normally from its path), with a PEP 562 ``__getattr__`` that runs the real ``__init__`` the first
+time anybody asks the package itself for a name: ``from pyroute2 import IPRoute`` elsewhere in the same process
+still works. When ``pyroute2`` was imported before this module, nothing is changed.
+
+The transport (:class:`Rtnl`): one request at a time per socket, each with its own sequence number; the kernel's
+answer is read until its ACK (``NLMSG_ERROR`` with code 0), its error, or the end of a dump (``NLMSG_DONE``). Errors
+carry the kernel's extended ACK message when it sends one (``NETLINK_EXT_ACK``), e.g. "Invalid prefix for given
+prefix length". A dump the kernel marks interrupted (``NLM_F_DUMP_INTR``: the table changed while it was read) is read
+again. A socket is bound to the network namespace of the thread that opens it, for its whole life.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import struct
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+
+def _register_package() -> None:
+    """Make ``pyroute2`` importable package-first without running its ``__init__`` (see the module docstring)."""
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # not installed (or not a package): the imports below raise the usual ImportError
+    package = importlib.util.module_from_spec(spec)  # __path__, __spec__, __file__ set; __init__ not run
+    loader = spec.loader
+
+    def __getattr__(name: str) -> Any:
+        submodule = f"{package.__name__}.{name}"
+        if importlib.util.find_spec(submodule) is not None:
+            # `from pyroute2 import config` asks the package for the name before importing the submodule
+            return importlib.import_module(submodule)
+        # A name of the flat API (IPRoute, NDB, ...): run the real __init__ now, once, and answer from it.
+        package.__dict__.pop("__getattr__", None)
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__dict__["__getattr__"] = __getattr__
+    sys.modules["pyroute2"] = package
+
+
+_register_package()
+
+from pyroute2.netlink import (  # noqa: E402 - after the package is registered
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+)
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+from pyroute2.netlink.rtnl import (  # noqa: E402
+    RTM_DELADDR,
+    RTM_DELLINK,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    RTM_SETLINK,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
+from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
+
+__all__ = [
+    "NLM_F_ACK",
+    "NLM_F_CREATE",
+    "NLM_F_DUMP",
+    "NLM_F_EXCL",
+    "NLM_F_REQUEST",
+    "RTM_DELADDR",
+    "RTM_DELLINK",
+    "RTM_GETADDR",
+    "RTM_GETLINK",
+    "RTM_GETROUTE",
+    "RTM_NEWADDR",
+    "RTM_NEWLINK",
+    "RTM_NEWROUTE",
+    "RTM_SETLINK",
+    "NetlinkError",
+    "Rtnl",
+    "ifaddrmsg",
+    "ifinfmsg",
+    "parse",
+    "rtmsg",
+]
+
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10  # errors echo only the header of the failed request, not all of it
+NETLINK_EXT_ACK = 11  # errors carry the kernel's message
+NLM_F_DUMP_INTR = 0x10
+NLMSG_NOOP = 1
+NLMSG_OVERRUN = 4
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+NLMSGERR_ATTR_MSG = 1
+RTEXT_FILTER_SKIP_STATS = 1 << 3  # link replies without the counters (smaller, faster to decode)
+
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence number, port id
+_ERRNO = struct.Struct("=i")
+_ATTR = struct.Struct("=HH")  # nlattr: length, type
+_DUMP_ATTEMPTS = 5
+_RECV_SIZE = 1 << 16
+
+
+class Rtnl:
+    """A NETLINK_ROUTE socket in the netns of the thread that opened it. Not thread-safe: one per thread."""
+
+    def __init__(self) -> None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        try:
+            for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
+                with contextlib.suppress(OSError):  # older kernels: plain errno answers
+                    sock.setsockopt(SOL_NETLINK, option, 1)
+            sock.bind((0, 0))
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._seq = 0
+        self._buf = bytearray(_RECV_SIZE)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Rtnl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ requests
+
+    def ack(self, msg: Any, msg_type: int, flags: int = 0) -> None:
+        """Send ``msg`` as ``msg_type`` and wait for the kernel's ACK; :class:`NetlinkError` when it refuses."""
+        seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_ACK | flags)
+        for _ in self._replies(seq, done_at_ack=True):
+            pass
+
+    def get(self, msg: Any, msg_type: int, reply: type[Any]) -> Any:
+        """Send a GET request that has one answer (e.g. a link by name) and return it, decoded as ``reply``."""
+        seq = self._send(msg, msg_type, NLM_F_REQUEST)
+        answers = [reply(data) for _, data in self._replies(seq, done_at_ack=False, first_only=True)]
+        if not answers:
+            raise NetlinkError(0, f"no answer to netlink request type {msg_type}")
+        answers[0].decode()
+        return answers[0]
+
+    def dump(self, msg: Any, msg_type: int, reply: type[Any]) -> list[Any]:
+        """Send a DUMP request and return every answer decoded as ``reply`` (read again while interrupted)."""
+        for _ in range(_DUMP_ATTEMPTS):
+            seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_DUMP)
+            out: list[Any] = []
+            interrupted = False
+            for flags, data in self._replies(seq, done_at_ack=False):
+                interrupted |= bool(flags & NLM_F_DUMP_INTR)
+                out.append(data)
+            if not interrupted:
+                decoded = []
+                for data in out:
+                    m = reply(data)
+                    m.decode()
+                    decoded.append(m)
+                return decoded
+        raise NetlinkError(0, f"netlink dump (type {msg_type}) kept being interrupted by concurrent changes")
+
+    # ------------------------------------------------------------ wire
+
+    def _send(self, msg: Any, msg_type: int, flags: int) -> int:
+        self._seq = self._seq % 0x7FFFFFFF + 1
+        header = msg["header"]
+        header["type"] = msg_type
+        header["flags"] = flags
+        header["sequence_number"] = self._seq
+        header["pid"] = 0
+        msg.reset()
+        msg.encode()
+        self._sock.send(msg.data)
+        return self._seq
+
+    def _replies(self, seq: int, done_at_ack: bool, first_only: bool = False) -> Iterator[tuple[int, bytes]]:
+        """``(flags, message bytes)`` of each data message answering ``seq``, until the answer is complete. Raises
+        NetlinkError for an error answer. With ``first_only`` the answer is complete after its first data message
+        (GET of one object: the kernel sends it without NLMSG_DONE)."""
+        while True:
+            n = self._recv()
+            for msg_type, flags, msg_seq, data in parse(memoryview(self._buf)[:n]):
+                if msg_seq != seq:
+                    continue  # an answer to an earlier request given up on (cannot happen with one caller)
+                if msg_type == NLMSG_ERROR:
+                    code, text = error_of(flags, data)
+                    if code:
+                        raise NetlinkError(code, text)
+                    if done_at_ack:
+                        return
+                    continue
+                if msg_type == NLMSG_DONE:
+                    code = _ERRNO.unpack_from(data, _HEADER.size)[0] if len(data) >= _HEADER.size + 4 else 0
+                    if code < 0:
+                        raise NetlinkError(-code, os.strerror(-code))
+                    return
+                if msg_type in (NLMSG_NOOP, NLMSG_OVERRUN):
+                    continue
+                yield flags, bytes(data)
+                if first_only:
+                    return
+
+    def _recv(self) -> int:
+        # Peek at the real size first: a datagram larger than the buffer would otherwise be cut silently.
+        size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
+        if size > len(self._buf):
+            self._buf = bytearray(size)
+        return self._sock.recv_into(self._buf, len(self._buf))
+
+
+def parse(buf: memoryview | bytes) -> Iterable[tuple[int, int, int, memoryview]]:
+    """Split one datagram into ``(type, flags, sequence number, whole message)``; stops at a malformed length."""
+    view = memoryview(buf)
+    offset = 0
+    while offset + _HEADER.size <= len(view):
+        length, msg_type, flags, seq, _ = _HEADER.unpack_from(view, offset)
+        if length < _HEADER.size or offset + length > len(view):
+            break
+        yield msg_type, flags, seq, view[offset : offset + length]
+        offset += (length + 3) & ~3
+
+
+def error_of(flags: int, data: memoryview | bytes) -> tuple[int, str]:
+    """``(errno, text)`` of an NLMSG_ERROR message; errno 0 is an ACK. The text is the kernel's extended ACK message
+    after the errno's name when there is one ("Invalid argument: Nexthop device is not up"), else the errno's name."""
+    (error,) = _ERRNO.unpack_from(data, _HEADER.size)
+    code = -error
+    if not code:
+        return 0, ""
+    text = os.strerror(code)
+    if flags & NLM_F_ACK_TLVS:
+        start = _HEADER.size + 4  # our header, the errno, then the failed request's header (and body unless capped)
+        orig_len = _HEADER.unpack_from(data, start)[0] if len(data) >= start + _HEADER.size else _HEADER.size
+        offset = start + (_HEADER.size if flags & NLM_F_CAPPED else (orig_len + 3) & ~3)
+        while offset + _ATTR.size <= len(data):
+            attr_len, attr_type = _ATTR.unpack_from(data, offset)
+            if attr_len < _ATTR.size:
+                break
+            if attr_type & 0x3FFF == NLMSGERR_ATTR_MSG:
+                raw = bytes(data[offset + _ATTR.size : offset + attr_len])
+                message = raw.split(b"\0", 1)[0].decode(errors="replace")
+                if message:
+                    text = f"{text}: {message}"
+                break
+            offset += (attr_len + 3) & ~3
+    return code, text

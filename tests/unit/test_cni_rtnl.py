@@ -1,0 +1,271 @@
+"""The rtnetlink transport's pure parts, and every request the dataplane builds compared with what pyroute2's own
+request layer (``IPBatch``: encodes, never sends) puts on the wire for the same operation."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cni.dataplane import nl, veth
+from cni.dataplane.rtnl import NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_NEWLINK, error_of, parse
+from cni.types import Route
+
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+
+
+def _nlmsg(msg_type: int, payload: bytes, flags: int = 0, seq: int = 7) -> bytes:
+    data = struct.pack("=IHHII", 16 + len(payload), msg_type, flags, seq, 0) + payload
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _attr(attr_type: int, value: bytes) -> bytes:
+    data = struct.pack("=HH", 4 + len(value), attr_type) + value
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _error(code: int, flags: int = 0, request_body: bytes = b"", tlvs: bytes = b"") -> bytes:
+    request = struct.pack("=IHHII", 16 + len(request_body), RTM_NEWLINK, 5, 7, 0) + request_body
+    request += b"\0" * (-len(request) % 4)  # the echoed request is padded like any message
+    return _nlmsg(NLMSG_ERROR, struct.pack("=i", -code) + request + tlvs, flags)
+
+
+# ---------------------------------------------------------------- parsing answers
+
+
+def test_parse_splits_a_datagram_into_messages_and_stops_at_a_bad_length() -> None:
+    datagram = _nlmsg(RTM_NEWLINK, b"abcde") + _nlmsg(NLMSG_DONE, struct.pack("=i", 0), seq=8)
+    got = [(t, seq, bytes(m)) for t, _, seq, m in parse(datagram)]
+    assert [(t, seq) for t, seq, _ in got] == [(RTM_NEWLINK, 7), (NLMSG_DONE, 8)]
+    assert got[0][2].endswith(b"abcde")  # the whole message, header included, padding excluded
+    broken = struct.pack("=IHHII", 400, RTM_NEWLINK, 0, 1, 0)  # claims more bytes than there are
+    assert list(parse(_nlmsg(RTM_NEWLINK, b"x") + broken)) != [] and len(list(parse(broken))) == 0
+
+
+def test_ack_plain_error_and_the_kernel_s_extended_message() -> None:
+    assert error_of(0, _error(0)) == (0, "")
+    assert error_of(0, _error(errno.EEXIST)) == (errno.EEXIST, "File exists")
+    message = _attr(1, b"Nexthop has invalid gateway\0") + _attr(2, struct.pack("=I", 40))
+    capped = _error(errno.ENETUNREACH, NLM_F_CAPPED | NLM_F_ACK_TLVS, tlvs=message)
+    assert error_of(NLM_F_CAPPED | NLM_F_ACK_TLVS, capped) == (
+        errno.ENETUNREACH,
+        "Network is unreachable: Nexthop has invalid gateway",
+    )
+    # without NETLINK_CAP_ACK the failed request comes back whole, and the message follows it
+    whole = _error(errno.EINVAL, NLM_F_ACK_TLVS, request_body=b"\1" * 22, tlvs=_attr(1, b"bad prefix\0"))
+    assert error_of(NLM_F_ACK_TLVS, whole) == (errno.EINVAL, "Invalid argument: bad prefix")
+    # TLVs announced but absent or malformed: the errno's name alone
+    assert error_of(NLM_F_CAPPED | NLM_F_ACK_TLVS, _error(errno.EPERM)) == (errno.EPERM, "Operation not permitted")
+
+
+# ---------------------------------------------------------------- requests, as pyroute2 would encode them
+
+
+def _canon(value: Any) -> Any:
+    """A decoded message as plain data: header, padding and display-only keys dropped, attributes (pyroute2's
+    ``nla_slot`` cells) as ``[name, value]`` sorted by name."""
+    if isinstance(value, dict):
+        return {k: _canon(v) for k, v in value.items() if k not in ("header", "__align", "state")}
+    if isinstance(value, list | tuple):
+        cells = [(a[0], a[1]) if hasattr(a, "cell") else a for a in value]  # slot[1] decodes the value
+        if cells and all(isinstance(c, list | tuple) and len(c) >= 2 and isinstance(c[0], str) for c in cells):
+            return sorted(([c[0], _canon(c[1])] for c in cells), key=lambda a: json.dumps(a, default=str))
+        return [_canon(v) for v in value]
+    return value
+
+
+def _wire(msg: Any, msg_type: int) -> dict[str, Any]:
+    msg["header"]["type"] = msg_type
+    msg.encode()
+    back = type(msg)(bytes(msg.data))
+    back.decode()
+    return {"type": back["header"]["type"], "msg": _canon(back)}
+
+
+def _pyroute2(call: Callable[[Any], object], cls: type[Any]) -> dict[str, Any]:
+    from pyroute2 import IPBatch
+
+    batch = IPBatch()
+    try:
+        call(batch)
+        data = bytes(batch.batch)
+    finally:
+        batch.close()
+    back = cls(data)
+    back.decode()
+    return {"type": back["header"]["type"], "msg": _canon(back)}
+
+
+MAC1, MAC2 = "02:00:00:00:00:01", "02:00:00:00:00:02"
+V4 = ipaddress.ip_interface("10.0.0.5/24")
+V6 = ipaddress.ip_interface("fd00::5/64")
+
+
+def _cases() -> list[tuple[str, Callable[[], dict[str, Any]], Callable[[Any], object], str]]:
+    from cni.dataplane.rtnl import RTM_DELADDR, RTM_NEWADDR, RTM_NEWROUTE, RTM_SETLINK
+
+    gw_route = Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.0.0.1"), mtu=1400, priority=5)
+    link_route = Route(ipaddress.ip_network("10.9.0.0/16"), table=100)
+    v6_route = Route(ipaddress.ip_network("fd01::/64"), ipaddress.ip_address("fd00::1"), table=1000, advmss=1200)
+    peer = [("IFLA_IFNAME", "eth0"), ("IFLA_NET_NS_FD", 9), ("IFLA_ADDRESS", MAC2), ("IFLA_MTU", 1400)]
+    return [
+        (
+            "bridge",
+            lambda: _wire(
+                nl.link_msg(attrs=[("IFLA_IFNAME", "br0"), ("IFLA_ADDRESS", MAC1), nl.linkinfo("bridge")]),
+                RTM_NEWLINK,
+            ),
+            lambda b: b.link("add", ifname="br0", kind="bridge", address=MAC1),
+            "ifinfmsg",
+        ),
+        (
+            "veth with its peer in a netns",
+            lambda: _wire(
+                nl.link_msg(
+                    attrs=[
+                        ("IFLA_IFNAME", "v0"),
+                        ("IFLA_ADDRESS", MAC1),
+                        ("IFLA_MASTER", 4),
+                        ("IFLA_MTU", 1400),
+                        nl.linkinfo("veth", [("VETH_INFO_PEER", {"attrs": peer})]),
+                    ]
+                ),
+                RTM_NEWLINK,
+            ),
+            lambda b: b.link(
+                "add",
+                ifname="v0",
+                kind="veth",
+                address=MAC1,
+                master=4,
+                mtu=1400,
+                peer={"ifname": "eth0", "net_ns_fd": 9, "address": MAC2, "mtu": 1400},
+            ),
+            "ifinfmsg",
+        ),
+        (
+            "bridge VLAN filtering",
+            lambda: _wire(nl.link_msg(4, [nl.linkinfo("bridge", [("IFLA_BR_VLAN_FILTERING", 1)])]), RTM_NEWLINK),
+            lambda b: b.link("set", index=4, kind="bridge", br_vlan_filtering=1),
+            "ifinfmsg",
+        ),
+        (
+            "port VLAN add (pvid, untagged)",
+            lambda: _wire(
+                veth.vlan_msg(5, 100, veth.BRIDGE_VLAN_INFO_PVID | veth.BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK
+            ),
+            lambda b: b.vlan_filter("add", index=5, vlan_info={"vid": 100, "pvid": True}),
+            "ifinfmsg",
+        ),
+        (
+            "port VLAN del",
+            lambda: _wire(veth.vlan_msg(5, 1, 0), RTM_DELLINK),
+            lambda b: b.vlan_filter("del", index=5, vlan_info={"vid": 1}),
+            "ifinfmsg",
+        ),
+        (
+            "delete a link by name",
+            lambda: _wire(nl.link_msg(attrs=[("IFLA_IFNAME", "v0")]), RTM_DELLINK),
+            lambda b: b.link("del", ifname="v0"),
+            "ifinfmsg",
+        ),
+        (
+            "IPv4 address with broadcast",
+            lambda: _wire(nl.addr_msg(3, V4), RTM_NEWADDR),
+            lambda b: b.addr("add", index=3, address="10.0.0.5", prefixlen=24, broadcast="10.0.0.255"),
+            "ifaddrmsg",
+        ),
+        (
+            "IPv4 /31 address, no broadcast",
+            lambda: _wire(nl.addr_msg(3, ipaddress.ip_interface("10.0.0.5/31")), RTM_NEWADDR),
+            lambda b: b.addr("add", index=3, address="10.0.0.5", prefixlen=31),
+            "ifaddrmsg",
+        ),
+        (
+            "IPv4 address removal",
+            lambda: _wire(nl.addr_msg(3, V4, for_add=False), RTM_DELADDR),
+            lambda b: b.addr("del", index=3, address="10.0.0.5", prefixlen=24),
+            "ifaddrmsg",
+        ),
+        (
+            "route via a gateway with mtu and priority",
+            lambda: _wire(nl.route_msg(gw_route, 7), RTM_NEWROUTE),
+            lambda b: b.route("add", dst="0.0.0.0/0", oif=7, gateway="10.0.0.1", priority=5, metrics={"mtu": 1400}),
+            "rtmsg",
+        ),
+        (
+            "link route in table 100",
+            lambda: _wire(nl.route_msg(link_route, 7), RTM_NEWROUTE),
+            lambda b: b.route("add", dst="10.9.0.0/16", oif=7, scope=253, table=100),
+            "rtmsg",
+        ),
+        (
+            "IPv6 route in table 1000 with advmss",
+            lambda: _wire(nl.route_msg(v6_route, 7), RTM_NEWROUTE),
+            lambda b: b.route("add", dst="fd01::/64", oif=7, gateway="fd00::1", table=1000, metrics={"advmss": 1200}),
+            "rtmsg",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_requests_match_pyroute2_s_request_layer(case: tuple[str, Any, Any, str]) -> None:
+    from cni.dataplane import rtnl
+
+    _, ours, theirs, cls = case
+    assert ours() == _pyroute2(theirs, getattr(rtnl, cls))
+
+
+def test_ipv6_address_has_no_dad_in_both_flag_fields() -> None:
+    """pyroute2 sends IFA_F_NODAD in IFA_FLAGS only; we also set the header's 8-bit field, as ip(8) does."""
+    got = _wire(nl.addr_msg(3, V6), 20)["msg"]
+    assert got["flags"] == nl.IFA_F_NODAD and ["IFA_FLAGS", nl.IFA_F_NODAD] in got["attrs"]
+    assert ["IFA_ADDRESS", "fd00::5"] in got["attrs"] and got["prefixlen"] == 64 and got["family"] == socket.AF_INET6
+
+
+def test_hairpin_is_sent_as_bridge_port_data_the_way_iproute2_does() -> None:
+    """``ip link set X type bridge_slave hairpin on``: IFLA_INFO_SLAVE_KIND "bridge" (pyroute2's brport sends the kind
+    "bridge_slave" as IFLA_INFO_KIND instead, which the kernel only tolerates)."""
+    msg = nl.link_msg(5, [nl.linkinfo(slave_kind="bridge", slave_data=[("IFLA_BRPORT_MODE", 1)])])
+    back = _wire(msg, RTM_NEWLINK)["msg"]
+    assert back["index"] == 5
+    assert back["attrs"] == [
+        [
+            "IFLA_LINKINFO",
+            {
+                "attrs": [
+                    ["IFLA_INFO_SLAVE_DATA", {"attrs": [["IFLA_BRPORT_MODE", 1]]}],
+                    ["IFLA_INFO_SLAVE_KIND", "bridge"],
+                ]
+            },
+        ]
+    ]
+
+
+# ---------------------------------------------------------------- the lean package import
+
+
+def test_the_dataplane_imports_pyroute2_without_its_package_init_and_the_flat_api_still_works() -> None:
+    code = """
+import json, sys
+import cni.dataplane
+heavy = sorted(m for m in ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.iproute", "asyncio") if m in sys.modules)
+count = sum(m.startswith("pyroute2") for m in sys.modules)
+from pyroute2 import IPRoute, config  # the flat API and a submodule, asked of the package itself
+import pyroute2
+print(json.dumps([heavy, count, IPRoute.__name__, config.__name__, bool(pyroute2.__version__)]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    heavy, count, iproute, config, version = json.loads(out)
+    assert heavy == [], f"importing the dataplane pulled in {heavy}"
+    assert count < 60, f"{count} pyroute2 modules imported for three message classes"
+    assert (iproute, config, version) == ("IPRoute", "pyroute2.config", True)
