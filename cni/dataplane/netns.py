@@ -4,7 +4,8 @@
 needs there and return, while every other thread stays where it was. Two things are bound to the namespace that was
 current when they were created, and keep working from anywhere afterwards:
 
-- a netlink socket (an :class:`~pyroute2.IPRoute` opened inside :func:`entered` talks to that netns for its life);
+- a netlink socket (a :class:`~cni.dataplane.rtnl.Rtnl` opened inside :func:`entered` talks to that netns for its
+  life);
 - a child process (``nft`` run from the thread inherits the thread's netns).
 
 Files under ``/proc/sys/net`` are looked up in the netns of the *thread* that opens them, so sysctls of a pod are
@@ -13,14 +14,14 @@ written from inside :func:`entered` (``/proc/self/net`` on the other hand follow
 
 pyroute2's own ``IPRoute(netns=...)`` forks a helper process to open the socket (about 10 ms per call); entering the
 netns from the thread costs well under 1 ms. Python 3.11 has no ``os.setns``, so libc's ``setns`` is called through
-ctypes.
+ctypes, found among the symbols the interpreter already has loaded (``ctypes.util.find_library`` would run
+``ldconfig -p`` to look for libc, a few milliseconds per CNI exec).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Iterator
 
@@ -38,7 +39,7 @@ def _setns(fd: int) -> None:
         os.setns(fd, CLONE_NEWNET)
         return
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = ctypes.CDLL(None, use_errno=True)  # dlopen(NULL): the process's own symbols, libc's among them
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
