@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import os
 import secrets
 import sqlite3
 import time
@@ -148,7 +149,7 @@ async def _bridge_exists(name: str) -> bool:
 
 def _leases(data_dir: str) -> list[str]:
     db = db_path(data_dir, NETWORK)
-    if not db.exists():
+    if not os.path.exists(db):
         return []
     with contextlib.closing(sqlite3.connect(db)) as c:
         return [f"{cid} {ip}" for cid, ip in c.execute("SELECT container_id, ip FROM leases")]

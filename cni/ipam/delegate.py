@@ -9,7 +9,8 @@ The child gets an explicit environment (the request's ``CNI_*`` variables, not t
 requests run at once, each with its own; and a non-zero exit's stdout matters. That is why this runs the child itself
 rather than through ``nodeplug.commands.run`` (process environment, stdout dropped on failure); it keeps that
 helper's rules: argument list, no shell, a timeout (the child's whole session is killed), errors naming the command
-and its stderr.
+and its stderr. ``subprocess`` is imported when a delegate is actually run: a standalone CNI exec with the built-in
+IPAM never pays for it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from cni.errors import DELEGATE, INVALID_NETWORK_CONFIG, CniError
@@ -30,13 +29,13 @@ DEFAULT_TIMEOUT = 60.0
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> Path:
+def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> str:
     """The first ``<dir>/<type>`` in CNI_PATH that is an executable file (code 7 naming the type otherwise)."""
     if "/" in plugin_type or plugin_type in ("", ".", ".."):
         raise CniError(INVALID_NETWORK_CONFIG, details=f"ipam.type: expected a plugin file name, got {plugin_type!r}")
     for d in cni_path:
-        p = Path(d) / plugin_type
-        if p.is_file() and os.access(p, os.X_OK):
+        p = os.path.join(d, plugin_type)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     raise CniError(
         INVALID_NETWORK_CONFIG,
@@ -44,14 +43,16 @@ def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> Path:
     )
 
 
-def _run(exe: Path, command: str, env: Mapping[str, str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
+def _run(exe: str, command: str, env: Mapping[str, str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
     """Run in its own session so a timeout kills the plugin and anything it started (which would otherwise hold
     its output pipes open past the timeout)."""
+    import subprocess
+
     # Popen rather than nodeplug.commands.run, which cannot do any of: a per-request env (the agent runs many requests
     # at once), the child's stdout when it fails (its error JSON), and killing its whole process group on timeout.
     try:
         proc = subprocess.Popen(
-            [str(exe)],
+            [exe],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

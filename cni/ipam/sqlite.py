@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from cni.errors import IPAM_STORE, CniError
 from cni.ipam.store import Lease
@@ -59,8 +57,8 @@ CREATE TABLE IF NOT EXISTS last_reserved (
 """
 
 
-def db_path(data_dir: str | Path, network: str) -> Path:
-    return Path(data_dir) / f"{network}.db"
+def db_path(data_dir: str | os.PathLike[str], network: str) -> str:
+    return os.path.join(data_dir, f"{network}.db")
 
 
 class SqliteTxn:
@@ -108,13 +106,13 @@ class SqliteTxn:
 class SqliteStore:
     """Leases of one network in ``<data_dir>/<network>.db``."""
 
-    def __init__(self, data_dir: str | Path, network: str, boot_id: str | None = None) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], network: str, boot_id: str | None = None) -> None:
         self.boot_id = current_boot_id() if boot_id is None else boot_id
         self.released_stale = 0  # leases of earlier boots released when this store was opened
         self.path = db_path(data_dir, network)
         self._lock = threading.Lock()
         try:
-            os.makedirs(self.path.parent, mode=0o755, exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.close(fd)
             self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
@@ -146,6 +144,8 @@ class SqliteStore:
             except sqlite3.OperationalError as e:
                 if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
                     raise
+                import random  # only under contention: not on every CNI exec's start-up path
+
                 time.sleep(random.uniform(0.005, 0.03))
 
     @contextlib.contextmanager
@@ -181,7 +181,7 @@ def open_store(data_dir: str, network: str) -> SqliteStore:
     key = (str(data_dir), network)
     with _cache_lock:
         store = _cache.get(key)
-        if store is None or not store.path.exists():  # first use, or the file was removed under us
+        if store is None or not os.path.exists(store.path):  # first use, or the file was removed under us
             if store is not None:
                 store.close()
             store = _cache[key] = SqliteStore(data_dir, network)

@@ -27,7 +27,7 @@ def test_found_in_the_first_cni_path_dir_that_has_it(tmp_path: Path) -> None:
     b.mkdir()
     (a / "ipam").write_text("not executable")
     plugin(b, "ipam", "true")
-    assert delegate.find_plugin("ipam", [str(a), str(b)]) == b / "ipam"
+    assert delegate.find_plugin("ipam", [str(a), str(b)]) == str(b / "ipam")
     with pytest.raises(CniError) as e:
         delegate.find_plugin("absent", [str(a), str(b)])
     assert e.value.code == 7 and "'absent'" in e.value.details
