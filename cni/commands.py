@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from cni.errors import INVALID_NETWORK_CONFIG, CniError
@@ -83,7 +82,7 @@ def resolve_routes(conf: BridgeConf, ips: Sequence[IPConfig], routes: Sequence[R
     for ip in ips:
         if ip.gateway is not None:
             gw_of.setdefault(ip.version, ip.gateway)
-    out = [r if r.gw is not None or r.dst.version not in gw_of else replace(r, gw=gw_of[r.dst.version]) for r in routes]
+    out = [r if r.gw is not None or r.dst.version not in gw_of else r._replace(gw=gw_of[r.dst.version]) for r in routes]
     if conf.is_default_gateway:
         for version, gw in sorted(gw_of.items()):
             default = ipaddress.ip_network("0.0.0.0/0" if version == 4 else "::/0")
@@ -137,7 +136,7 @@ class Commands:
                 undo.callback(
                     _best_effort(lambda: delegate.exec_plugin(conf.ipam_type, "DEL", req.env, req.stdin, req.path))
                 )
-                ips = [replace(ip, interface=None) for ip in got.ips]
+                ips = [ip._replace(interface=None) for ip in got.ips]
                 ipam_routes = got.routes
                 dns = dns or got.dns
             routes = resolve_routes(conf, ips, ipam_routes)
@@ -146,7 +145,7 @@ class Commands:
         return Result(
             cni_version=conf.cni_version,
             interfaces=tuple(interfaces),
-            ips=tuple(replace(ip, interface=CONTAINER_IFACE_INDEX) for ip in ips),
+            ips=tuple(ip._replace(interface=CONTAINER_IFACE_INDEX) for ip in ips),
             routes=tuple(routes),
             dns=dns,
         )

@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.errors import DECODE_FAILURE, INVALID_NETWORK_CONFIG, CniError
 from cni.thick import DEFAULT_AGENT_TIMEOUT, DEFAULT_SOCKET, agent_timeout_ok
 from cni.types import (
     DNS,
+    EMPTY,
     IPAddress,
     IPNetwork,
     Result,
@@ -53,8 +53,7 @@ def check_ifname(name: str, where: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
-class RangeConf:
+class RangeConf(NamedTuple):
     """One range of a range set: addresses ``range_start``..``range_end`` of ``subnet``; ``gateway`` is never leased."""
 
     subnet: IPNetwork
@@ -66,18 +65,16 @@ class RangeConf:
         return ip.version == self.subnet.version and int(self.range_start) <= int(ip) <= int(self.range_end)
 
 
-@dataclass(frozen=True)
-class IpamConf:
+class IpamConf(NamedTuple):
     """The built-in IPAM's section (``"ipam": {"type": "nodeplug", ...}``); one address is leased per range set."""
 
     ranges: tuple[tuple[RangeConf, ...], ...]
     routes: tuple[Route, ...] = ()
     data_dir: str = DEFAULT_DATA_DIR
-    dns: DNS = field(default_factory=DNS)
+    dns: DNS = DNS()
 
 
-@dataclass(frozen=True)
-class BridgeConf:
+class BridgeConf(NamedTuple):
     name: str
     cni_version: str
     type: str = PLUGIN_TYPE
@@ -90,24 +87,23 @@ class BridgeConf:
     hairpin_mode: bool = False
     promisc_mode: bool = False
     vlan: int | None = None
-    ipam: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    ipam: Mapping[str, Any] = EMPTY
     ipam_conf: IpamConf | None = None  # parsed when ipam.type is "nodeplug"
-    dns: DNS = field(default_factory=DNS)
+    dns: DNS = DNS()
     socket: str = DEFAULT_SOCKET
     agent_timeout: float = DEFAULT_AGENT_TIMEOUT  # seconds the entry point waits for the agent to take a request
     prev_result: Result | None = None
-    runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    args: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    runtime_config: Mapping[str, Any] = EMPTY
+    args: Mapping[str, Any] = EMPTY
     valid_attachments: tuple[tuple[str, str], ...] | None = None  # GC only: (container_id, ifname) to keep
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: Mapping[str, Any] = EMPTY
 
     @property
     def ipam_type(self) -> str:
         return str(self.ipam.get("type", ""))
 
 
-@dataclass(frozen=True)
-class IpamPluginConf:
+class IpamPluginConf(NamedTuple):
     """nodeplug called as another plugin's IPAM: only the keys IPAM needs."""
 
     name: str
@@ -115,10 +111,10 @@ class IpamPluginConf:
     type: str
     ipam_conf: IpamConf
     prev_result: Result | None = None
-    runtime_config: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    args: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    runtime_config: Mapping[str, Any] = EMPTY
+    args: Mapping[str, Any] = EMPTY
     valid_attachments: tuple[tuple[str, str], ...] | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: Mapping[str, Any] = EMPTY
 
 
 NetConf = BridgeConf | IpamPluginConf

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from cni import netconf, versions
 from cni.errors import INTERNAL, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG, CniError
 from cni.netconf import NetConf
-from cni.types import Result
+from cni.types import EMPTY, Result
 
 COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "GC", "STATUS")
 
@@ -46,8 +45,7 @@ _IFNAME_BAD = re.compile(r"[/:\s]")
 KNOWN_ARGS = ("IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID", "IP")
 
 
-@dataclass(frozen=True)
-class CniArgs:
+class CniArgs(NamedTuple):
     """``CNI_ARGS`` (``"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;..."``), the keys nodeplug knows."""
 
     ignore_unknown: bool = False
@@ -98,8 +96,7 @@ def parse_cni_args(text: str) -> CniArgs:
     )
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """One invocation, validated: what a command handler gets."""
 
     command: str
@@ -109,8 +106,8 @@ class Request:
     args: CniArgs
     path: tuple[str, ...]
     conf: NetConf
-    env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # CNI_* vars, for delegation
-    stdin: bytes = field(default=b"", compare=False, repr=False)  # the config as received, for delegation
+    env: Mapping[str, str] = EMPTY  # CNI_* vars, for delegation
+    stdin: bytes = b""  # the config as received, for delegation
 
 
 Handler = Callable[[Request], Result | None]  # a Result for ADD, None otherwise

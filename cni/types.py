@@ -1,10 +1,14 @@
-"""CNI result values (spec 1.1.0 "Success" shape) as frozen dataclasses.
+"""CNI result values (spec 1.1.0 "Success" shape) as immutable named tuples.
 
 ``Result.to_dict`` / ``Result.from_dict`` speak the 1.x wire shape (1.1.0 fields included); conversion to and from
 the older result versions (0.3.0, 0.3.1, 0.4.0) lives in :mod:`cni.versions` only. ``from_dict`` validates types and
 raises :class:`cni.errors.CniError` (code 7, naming the field) so a malformed ``prevResult`` is reported precisely.
 
-This module is on the entry point's start-up path: standard library only.
+This module is on the entry point's start-up path: standard library only. The CNI value types (here, in
+:mod:`cni.netconf`, :mod:`cni.skel` and :mod:`cni.ipam.store`) are ``typing.NamedTuple`` rather than frozen
+dataclasses because every standalone CNI exec imports them: a frozen dataclass costs about 1 ms to create (its methods
+are generated and compiled) and ``dataclasses`` brings ``inspect`` along (about 8 ms); a named tuple costs 0.1 ms.
+Copies with changes are ``value._replace(field=...)``.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from cni.errors import INVALID_NETWORK_CONFIG, CniError
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+EMPTY: Mapping[str, Any] = MappingProxyType({})  # the default of mapping fields: shared, so read-only
 
 
 def _bad(where: str, expected: str, got: Any) -> CniError:
@@ -83,8 +88,7 @@ def parse_network(v: Any, where: str) -> IPNetwork:
         raise _bad(where, "a network in CIDR notation like 10.22.0.0/16", v) from None
 
 
-@dataclass(frozen=True)
-class Interface:
+class Interface(NamedTuple):
     name: str
     mac: str = ""
     sandbox: str = ""
@@ -120,8 +124,7 @@ class Interface:
         )
 
 
-@dataclass(frozen=True)
-class IPConfig:
+class IPConfig(NamedTuple):
     address: IPInterface
     gateway: IPAddress | None = None
     interface: int | None = None
@@ -152,8 +155,7 @@ class IPConfig:
         return cls(address, gateway, _int(d, "interface", where, 0, 1 << 31))
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     dst: IPNetwork
     gw: IPAddress | None = None
     mtu: int | None = None
@@ -194,8 +196,7 @@ class Route:
         )
 
 
-@dataclass(frozen=True)
-class DNS:
+class DNS(NamedTuple):
     nameservers: tuple[str, ...] = ()
     domain: str = ""
     search: tuple[str, ...] = ()
@@ -234,15 +235,14 @@ class DNS:
         return cls(strings("nameservers"), _str(d, "domain", where), strings("search"), strings("options"))
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     """A CNI success result, held in the 1.x shape whatever version it was read from or will be written as."""
 
     cni_version: str = "1.1.0"
     interfaces: tuple[Interface, ...] = ()
     ips: tuple[IPConfig, ...] = ()
     routes: tuple[Route, ...] = ()
-    dns: DNS = field(default_factory=DNS)
+    dns: DNS = DNS()
 
     def to_dict(self) -> dict[str, Any]:
         """The 1.x wire shape (what 1.0.0 and 1.1.0 print); see :func:`cni.versions.result_to_version`."""

@@ -19,12 +19,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     ip: str
     container_id: str
     ifname: str

@@ -13,7 +13,6 @@ import re
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,7 +89,7 @@ def pod(netns: Callable[[], str]) -> Callable[[], str]:
 
 def conf(**kw: Any) -> BridgeConf:
     base = BridgeConf(name="nptest", cni_version="1.0.0", bridge=BR, is_gateway=True)
-    return replace(base, **kw)
+    return base._replace(**kw)
 
 
 def v4(addr: str = "10.77.0.5/24", gw: str | None = GW4) -> IPConfig:
@@ -349,7 +348,7 @@ def test_bad_netns(host: Host, tmp_path: Path) -> None:
 
 
 def _result(ifaces: list[Interface], ips: list[IPConfig], routes: list[Route]) -> Result:
-    return Result("1.0.0", tuple(ifaces), tuple(replace(ip, interface=2) for ip in ips), tuple(routes))
+    return Result("1.0.0", tuple(ifaces), tuple(ip._replace(interface=2) for ip in ips), tuple(routes))
 
 
 def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: Callable[[], str]) -> None:
@@ -366,7 +365,7 @@ def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: 
     sh("ip", "-n", os.path.basename(ns), "addr", "del", "fd77::5/64", "dev", "eth0")
     with pytest.raises(CniError, match="address fd77::5/64 is missing"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
-    bad_mac = replace(prev, interfaces=(*prev.interfaces[:2], replace(prev.interfaces[2], mac="02:00:00:00:00:01")))
+    bad_mac = prev._replace(interfaces=(*prev.interfaces[:2], prev.interfaces[2]._replace(mac="02:00:00:00:00:01")))
     with pytest.raises(CniError, match="MAC is"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", bad_mac)
     host.call(dataplane.delete, conf(), "c1", ns, "eth0", ips)
