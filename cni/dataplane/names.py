@@ -11,8 +11,18 @@ container id in a 127-byte rule comment. Network names (and container ids) never
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+# SHA-256 from the interpreter's own module (as the standard library's random takes SHA-512): hashlib loads OpenSSL's
+# libcrypto, a few milliseconds of every standalone CNI exec. Plain imports, so the CNI bundle's analysis sees them.
+# Same digest either way: names made by any version stay findable.
+try:
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython 3.11
+    except ImportError:
+        from hashlib import sha256 as _sha256
 
 ALIAS_PREFIX = "nodeplug "
 _ALIAS_MAX = 255  # IFALIASZ - 1
@@ -21,15 +31,19 @@ _COMMENT_MAX = 127  # NFT_USERDATA_MAXLEN is 256, but nft limits comments to 128
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.#\- ]")
 
 
+def _hexdigest(text: str) -> str:
+    return str(_sha256(text.encode()).hexdigest())
+
+
 def host_veth_name(container_id: str, ifname: str) -> str:
     """The host end's name for one attachment: ``veth`` + 8 hex digits (12 characters, under IFNAMSIZ)."""
-    return "veth" + hashlib.sha256(f"{container_id}\0{ifname}".encode()).hexdigest()[:8]
+    return "veth" + _hexdigest(f"{container_id}\0{ifname}")[:8]
 
 
 def netkey(network: str) -> str:
     if len(network) <= 48:
         return network
-    return "#" + hashlib.sha256(network.encode()).hexdigest()[:12]
+    return "#" + _hexdigest(network)[:12]
 
 
 def alias(network: str, container_id: str, ifname: str) -> str:

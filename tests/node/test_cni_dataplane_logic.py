@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from pathlib import Path
 
@@ -23,6 +24,14 @@ def test_host_veth_name_is_deterministic_short_and_distinct() -> None:
     assert a != names.host_veth_name("abc", "eth1") and a != names.host_veth_name("abd", "eth0")
     # the separator keeps ("ab", "ceth0") apart from ("abc", "eth0")
     assert names.host_veth_name("ab", "ceth0") != a
+
+
+def test_names_never_change_across_versions() -> None:
+    """DEL and GC find what an earlier version's ADD made by these names: they are fixed SHA-256 prefixes."""
+    assert names.host_veth_name("abc", "eth0") == "vethd887cd28"
+    assert names.host_veth_name("abc", "eth0") == "veth" + hashlib.sha256(b"abc\0eth0").hexdigest()[:8]
+    long_net = "n" * 100
+    assert names.netkey(long_net) == "#" + hashlib.sha256(long_net.encode()).hexdigest()[:12]
 
 
 def test_alias_and_rule_comment_carry_network_and_attachment() -> None:
