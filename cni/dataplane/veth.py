@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import socket
+from typing import Any
 
 from cni.dataplane.nl import (
     IFF_UP,
@@ -30,6 +31,16 @@ from cni.dataplane.rtnl import RTM_DELLINK, RTM_SETLINK
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface
+
+BRIDGE_VLAN_INFO_PVID = 0x2
+BRIDGE_VLAN_INFO_UNTAGGED = 0x4
+
+
+def vlan_msg(index: int, vid: int, flags: int) -> Any:
+    """The bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN
+    with ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
+    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
+    return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
 
 
 def create_pair(
@@ -89,17 +100,6 @@ def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) 
         set_link(nl, index, [("IFLA_IFALIAS", alias)], flags=IFF_UP, change=IFF_UP)
     except NetlinkError as e:
         raise nl_error(f"bring {host_name} up", e) from None
-
-
-BRIDGE_VLAN_INFO_PVID = 0x2
-BRIDGE_VLAN_INFO_UNTAGGED = 0x4
-
-
-def vlan_msg(index: int, vid: int, flags: int) -> object:
-    """The bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN
-    with ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
-    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
-    return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
 
 
 def delete_host_end(nl: Rtnl, host_name: str) -> bool:
