@@ -13,8 +13,7 @@ from typing import Any
 
 from cni.dataplane import names
 from cni.dataplane.netns import open_netns
-from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, socket_in
-from cni.dataplane.rtnl import RTM_GETROUTE, rtmsg
+from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, routes, socket_in
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Result, Route
@@ -79,9 +78,7 @@ RouteKey = tuple[int, Any, Any]  # (table, dst network, gateway address or None)
 def _routes(nsr: Rtnl) -> set[RouteKey]:
     out: set[RouteKey] = set()
     for family, zero in ((AF_INET, "0.0.0.0"), (AF_INET6, "::")):
-        request = rtmsg()
-        request["family"] = family
-        for msg in nsr.dump(request, RTM_GETROUTE, rtmsg):
+        for msg in routes(nsr, family):
             dst = msg.get("RTA_DST") or zero
             gw = msg.get("RTA_GATEWAY")
             table = msg.get("RTA_TABLE") or msg["table"]

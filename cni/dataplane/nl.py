@@ -22,11 +22,14 @@ from cni.dataplane.rtnl import (
     NLM_F_EXCL,
     RTEXT_FILTER_SKIP_STATS,
     RTM_DELADDR,
+    RTM_DELLINK,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETROUTE,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWROUTE,
+    RTM_SETLINK,
     NetlinkError,
     Rtnl,
     ifaddrmsg,
@@ -38,6 +41,8 @@ from cni.types import Route
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
+BRIDGE_VLAN_INFO_PVID = 0x2
+BRIDGE_VLAN_INFO_UNTAGGED = 0x4
 IFA_F_NODAD = 0x02
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
@@ -148,9 +153,30 @@ def get_link(nl: Rtnl, name: str) -> Any | None:
         raise
 
 
+def delete_link(nl: Rtnl, name: str) -> None:
+    """Delete link ``name``: NetlinkError ENODEV when there is none."""
+    nl.ack(link_msg(attrs=[("IFLA_IFNAME", name)]), RTM_DELLINK)
+
+
 def links(nl: Rtnl) -> list[Any]:
     """Every link of the socket's netns (without counters)."""
     return nl.dump(link_msg(attrs=[("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)]), RTM_GETLINK, ifinfmsg)
+
+
+def port_vlan_msg(index: int, vid: int, flags: int) -> Any:
+    """Bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN with
+    ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
+    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
+    return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
+
+
+def add_port_vlan(nl: Rtnl, index: int, vid: int) -> None:
+    """Put bridge port ``index`` into VLAN ``vid``, untagged, as its PVID."""
+    nl.ack(port_vlan_msg(index, vid, BRIDGE_VLAN_INFO_PVID | BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK)
+
+
+def del_port_vlan(nl: Rtnl, index: int, vid: int) -> None:
+    nl.ack(port_vlan_msg(index, vid, 0), RTM_DELLINK)
 
 
 def link_kind(msg: Any) -> str:
@@ -249,3 +275,10 @@ def route_msg(route: Route, index: int) -> Any:
 def add_route(nl: Rtnl, route: Route, index: int) -> None:
     """Add ``route``: NetlinkError EEXIST when the table already has a route to its destination."""
     nl.ack(route_msg(route, index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+
+
+def routes(nl: Rtnl, family: int) -> list[Any]:
+    """Every route of ``family`` in the socket's netns, all tables."""
+    request = rtmsg()
+    request["family"] = family
+    return nl.dump(request, RTM_GETROUTE, rtmsg)

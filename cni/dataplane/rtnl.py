@@ -86,12 +86,9 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
-__all__ = [
-    "NLM_F_ACK",
+__all__ = [  # what cni.dataplane.nl builds its requests from, and the parsing its tests check
     "NLM_F_CREATE",
-    "NLM_F_DUMP",
     "NLM_F_EXCL",
-    "NLM_F_REQUEST",
     "RTM_DELADDR",
     "RTM_DELLINK",
     "RTM_GETADDR",
@@ -103,6 +100,7 @@ __all__ = [
     "RTM_SETLINK",
     "NetlinkError",
     "Rtnl",
+    "error_of",
     "ifaddrmsg",
     "ifinfmsg",
     "parse",
@@ -147,12 +145,6 @@ class Rtnl:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> Rtnl:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------ requests
 
     def ack(self, msg: Any, msg_type: int, flags: int = 0) -> None:
@@ -164,27 +156,21 @@ class Rtnl:
     def get(self, msg: Any, msg_type: int, reply: type[Any]) -> Any:
         """Send a GET request that has one answer (e.g. a link by name) and return it, decoded as ``reply``."""
         seq = self._send(msg, msg_type, NLM_F_REQUEST)
-        answers = [reply(data) for _, data in self._replies(seq, done_at_ack=False, first_only=True)]
-        if not answers:
-            raise NetlinkError(0, f"no answer to netlink request type {msg_type}")
-        answers[0].decode()
-        return answers[0]
+        for _, data in self._replies(seq, done_at_ack=False, first_only=True):
+            answer = reply(data)
+            answer.decode()
+            return answer
+        raise NetlinkError(0, f"no answer to netlink request type {msg_type}")
 
     def dump(self, msg: Any, msg_type: int, reply: type[Any]) -> list[Any]:
         """Send a DUMP request and return every answer decoded as ``reply`` (read again while interrupted)."""
         for _ in range(_DUMP_ATTEMPTS):
             seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_DUMP)
-            out: list[Any] = []
-            interrupted = False
-            for flags, data in self._replies(seq, done_at_ack=False):
-                interrupted |= bool(flags & NLM_F_DUMP_INTR)
-                out.append(data)
-            if not interrupted:
-                decoded = []
-                for data in out:
-                    m = reply(data)
+            answers = list(self._replies(seq, done_at_ack=False))
+            if not any(flags & NLM_F_DUMP_INTR for flags, _ in answers):
+                decoded = [reply(data) for _, data in answers]
+                for m in decoded:
                     m.decode()
-                    decoded.append(m)
                 return decoded
         raise NetlinkError(0, f"netlink dump (type {msg_type}) kept being interrupted by concurrent changes")
 
@@ -230,7 +216,9 @@ class Rtnl:
                     return
 
     def _recv(self) -> int:
-        # Peek at the real size first: a datagram larger than the buffer would otherwise be cut silently.
+        # Peek at the real size first, as iproute2 does: a datagram larger than the buffer would otherwise be cut
+        # silently (dumps come in datagrams of at most 32 KiB, but one GET answer, e.g. a link with many VFs, can be
+        # bigger). The second system call per datagram costs microseconds.
         size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
         if size > len(self._buf):
             self._buf = bytearray(size)

@@ -12,35 +12,25 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any
 
 from cni.dataplane.nl import (
     IFF_UP,
     Attr,
     NetlinkError,
     Rtnl,
+    add_port_vlan,
     create_link,
+    del_port_vlan,
+    delete_link,
     get_link,
-    link_msg,
     linkinfo,
     nl_error,
     random_mac,
     set_link,
 )
-from cni.dataplane.rtnl import RTM_DELLINK, RTM_SETLINK
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
 from cni.types import Interface
-
-BRIDGE_VLAN_INFO_PVID = 0x2
-BRIDGE_VLAN_INFO_UNTAGGED = 0x4
-
-
-def vlan_msg(index: int, vid: int, flags: int) -> Any:
-    """The bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN
-    with ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
-    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
-    return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
 
 
 def create_pair(
@@ -91,9 +81,9 @@ def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) 
             raise nl_error(f"turn on hairpin mode on bridge port {host_name}", e) from None
     if conf.vlan:
         try:
-            nl.ack(vlan_msg(index, conf.vlan, BRIDGE_VLAN_INFO_PVID | BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK)
+            add_port_vlan(nl, index, conf.vlan)
             if conf.vlan != 1:  # the default VLAN every new port starts in
-                nl.ack(vlan_msg(index, 1, 0), RTM_DELLINK)
+                del_port_vlan(nl, index, 1)
         except NetlinkError as e:
             raise nl_error(f"vlan: put bridge port {host_name} into VLAN {conf.vlan}", e) from None
     try:
@@ -105,7 +95,7 @@ def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) 
 def delete_host_end(nl: Rtnl, host_name: str) -> bool:
     """Delete the pair through its host end; False when it was already gone."""
     try:
-        nl.ack(link_msg(attrs=[("IFLA_IFNAME", host_name)]), RTM_DELLINK)
+        delete_link(nl, host_name)
     except NetlinkError as e:
         if e.code == errno.ENODEV:
             return False

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cni.dataplane import nl, veth
+from cni.dataplane import nl
 from cni.dataplane.rtnl import NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_NEWLINK, error_of, parse
 from cni.types import Route
 
@@ -161,14 +161,14 @@ def _cases() -> list[tuple[str, Callable[[], dict[str, Any]], Callable[[Any], ob
         (
             "port VLAN add (pvid, untagged)",
             lambda: _wire(
-                veth.vlan_msg(5, 100, veth.BRIDGE_VLAN_INFO_PVID | veth.BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK
+                nl.port_vlan_msg(5, 100, nl.BRIDGE_VLAN_INFO_PVID | nl.BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK
             ),
             lambda b: b.vlan_filter("add", index=5, vlan_info={"vid": 100, "pvid": True}),
             "ifinfmsg",
         ),
         (
             "port VLAN del",
-            lambda: _wire(veth.vlan_msg(5, 1, 0), RTM_DELLINK),
+            lambda: _wire(nl.port_vlan_msg(5, 1, 0), RTM_DELLINK),
             lambda b: b.vlan_filter("del", index=5, vlan_info={"vid": 1}),
             "ifinfmsg",
         ),
