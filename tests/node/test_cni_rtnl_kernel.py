@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,6 @@ import pytest
 from cni.dataplane import nl
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import NetlinkError, Rtnl
-from cni.errors import CniError
 from cni.types import Route
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces and links")
@@ -71,17 +71,13 @@ def test_errors_carry_the_errno_and_the_kernel_s_message(netns: Callable[[], str
 
 
 def test_a_socket_keeps_talking_to_the_netns_it_was_opened_in(netns: Callable[[], str]) -> None:
+    """The thread has left the netns before the request is sent: the link must still appear there, not in the
+    thread's own netns (nor in any other)."""
     a, b = netns(), netns()
     with socket_in(a) as sock:
         nl.create_link(sock, [("IFLA_IFNAME", "npk0"), nl.linkinfo("bridge")])
     listed_a = subprocess.run(["ip", "-n", a, "-br", "link"], capture_output=True, text=True, check=True).stdout
     listed_b = subprocess.run(["ip", "-n", b, "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert "npk0" in listed_a and "npk0" not in listed_b
-
-
-def test_a_closed_socket_is_a_clean_dataplane_error() -> None:
-    sock = Rtnl()
-    sock.close()
-    with pytest.raises(OSError) as e:
-        nl.get_link(sock, "lo")
-    assert isinstance(nl.nl_error("get lo", e.value), CniError)
+    with pytest.raises(OSError):
+        socket.if_nametoindex("npk0")  # this thread's (the test's own) netns has no such link

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cni.dataplane import nl
-from cni.dataplane.rtnl import NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_NEWLINK, error_of, parse
+from cni.dataplane.rtnl import NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, error_of, parse
 from cni.types import Route
 
 NLM_F_CAPPED = 0x100
@@ -48,7 +48,9 @@ def test_parse_splits_a_datagram_into_messages_and_stops_at_a_bad_length() -> No
     assert [(t, seq) for t, seq, _ in got] == [(RTM_NEWLINK, 7), (NLMSG_DONE, 8)]
     assert got[0][2].endswith(b"abcde")  # the whole message, header included, padding excluded
     broken = struct.pack("=IHHII", 400, RTM_NEWLINK, 0, 1, 0)  # claims more bytes than there are
-    assert list(parse(_nlmsg(RTM_NEWLINK, b"x") + broken)) != [] and len(list(parse(broken))) == 0
+    before = _nlmsg(RTM_NEWLINK, b"x", seq=3)
+    assert [(t, seq, bytes(m)) for t, _, seq, m in parse(before + broken)] == [(RTM_NEWLINK, 3, before[:17])]
+    assert list(parse(broken)) == []
 
 
 def test_ack_plain_error_and_the_kernel_s_extended_message() -> None:
@@ -111,7 +113,7 @@ V6 = ipaddress.ip_interface("fd00::5/64")
 
 
 def _cases() -> list[tuple[str, Callable[[], dict[str, Any]], Callable[[Any], object], str]]:
-    from cni.dataplane.rtnl import RTM_DELADDR, RTM_NEWADDR, RTM_NEWROUTE, RTM_SETLINK
+    from cni.dataplane.rtnl import RTM_DELADDR, RTM_NEWROUTE, RTM_SETLINK
 
     gw_route = Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.0.0.1"), mtu=1400, priority=5)
     link_route = Route(ipaddress.ip_network("10.9.0.0/16"), table=100)
@@ -227,7 +229,7 @@ def test_requests_match_pyroute2_s_request_layer(case: tuple[str, Any, Any, str]
 
 def test_ipv6_address_has_no_dad_in_both_flag_fields() -> None:
     """pyroute2 sends IFA_F_NODAD in IFA_FLAGS only; we also set the header's 8-bit field, as ip(8) does."""
-    got = _wire(nl.addr_msg(3, V6), 20)["msg"]
+    got = _wire(nl.addr_msg(3, V6), RTM_NEWADDR)["msg"]
     assert got["flags"] == nl.IFA_F_NODAD and ["IFA_FLAGS", nl.IFA_F_NODAD] in got["attrs"]
     assert ["IFA_ADDRESS", "fd00::5"] in got["attrs"] and got["prefixlen"] == 64 and got["family"] == socket.AF_INET6
 
