@@ -34,6 +34,7 @@ from cni.types import (
     _bad,
     parse_address,
     parse_network,
+    repr_without,
 )
 
 PLUGIN_TYPE = "nodeplug"
@@ -98,6 +99,9 @@ class BridgeConf(NamedTuple):
     valid_attachments: tuple[tuple[str, str], ...] | None = None  # GC only: (container_id, ifname) to keep
     raw: Mapping[str, Any] = EMPTY
 
+    def __repr__(self) -> str:
+        return repr_without(self, ("raw",))
+
     @property
     def ipam_type(self) -> str:
         return str(self.ipam.get("type", ""))
@@ -115,6 +119,9 @@ class IpamPluginConf(NamedTuple):
     args: Mapping[str, Any] = EMPTY
     valid_attachments: tuple[tuple[str, str], ...] | None = None
     raw: Mapping[str, Any] = EMPTY
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("raw",))
 
 
 NetConf = BridgeConf | IpamPluginConf

@@ -26,7 +26,7 @@ from typing import NamedTuple, TextIO
 from cni import netconf, versions
 from cni.errors import INTERNAL, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG, CniError
 from cni.netconf import NetConf
-from cni.types import EMPTY, Result
+from cni.types import EMPTY, Result, repr_without
 
 COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "GC", "STATUS")
 
@@ -108,6 +108,9 @@ class Request(NamedTuple):
     conf: NetConf
     env: Mapping[str, str] = EMPTY  # CNI_* vars, for delegation
     stdin: bytes = b""  # the config as received, for delegation
+
+    def __repr__(self) -> str:
+        return repr_without(self, ("env", "stdin"))
 
 
 Handler = Callable[[Request], Result | None]  # a Result for ADD, None otherwise

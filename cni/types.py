@@ -27,6 +27,13 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 EMPTY: Mapping[str, Any] = MappingProxyType({})  # the default of mapping fields: shared, so read-only
 
 
+def repr_without(value: Any, hidden: Sequence[str]) -> str:
+    """``repr`` of a named tuple without the ``hidden`` fields (the raw config, a request's environment and stdin:
+    nothing a log line or a traceback should carry)."""
+    shown = ", ".join(f"{name}={v!r}" for name, v in zip(value._fields, value, strict=True) if name not in hidden)
+    return f"{type(value).__name__}({shown})"
+
+
 def _bad(where: str, expected: str, got: Any) -> CniError:
     return CniError(INVALID_NETWORK_CONFIG, details=f"{where}: expected {expected}, got {_show(got)}")
 

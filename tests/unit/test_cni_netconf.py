@@ -138,3 +138,21 @@ def test_parse_is_fast() -> None:
 def test_gc_attachments_under_the_older_key_too() -> None:
     c = netconf.parse(base(**{"cni.dev/attachments": [{"containerID": "b", "ifname": "net1"}]}))
     assert c.valid_attachments == (("b", "net1"),)
+
+
+def test_reprs_leave_out_the_raw_config_and_the_request_s_environment_and_stdin() -> None:
+    from cni import skel
+
+    secret = "s3cret-token"
+    # a key for another plugin of the chain: nodeplug keeps it only in the raw config
+    bridge = netconf.parse(base(kubeconfigToken=secret))
+    ipam = {"type": "nodeplug", "ranges": [[{"subnet": "10.3.0.0/24"}]]}
+    plugin = netconf.parse({**base(type="bridge"), "kubeconfigToken": secret, "ipam": ipam})
+    assert isinstance(plugin, IpamPluginConf) and secret in str(bridge.raw) and secret in str(plugin.raw)
+    request = skel.Request(
+        "ADD", "cid", "/run/netns/x", "eth0", skel.CniArgs(), (), bridge, env={"CNI_X": secret}, stdin=secret.encode()
+    )
+    for value in (bridge, plugin, request):
+        text = repr(value)
+        assert secret not in text, text
+        assert text.startswith(f"{type(value).__name__}(") and "name='podnet'" in text
