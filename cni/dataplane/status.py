@@ -6,8 +6,6 @@ bridge name, or ``ipMasq`` set while ``nft`` is not installed.
 
 from __future__ import annotations
 
-import shutil
-
 from cni.dataplane.nl import get_link, host_socket, link_kind
 from cni.errors import PLUGIN_NOT_AVAILABLE, CniError
 from cni.netconf import BridgeConf
@@ -29,6 +27,8 @@ def status(conf: BridgeConf) -> None:
             PLUGIN_NOT_AVAILABLE,
             details=f"bridge {conf.bridge}: a link of that name exists but is a {link_kind(br) or 'non-bridge'} device",
         )
+    import shutil  # STATUS only: shutil (with bz2, lzma, zlib) would otherwise load on every standalone ADD and DEL
+
     if conf.ip_masq and shutil.which("nft") is None:
         raise CniError(PLUGIN_NOT_AVAILABLE, details="ipMasq is set but nft is not installed (Debian package nftables)")
 
