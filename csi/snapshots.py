@@ -40,7 +40,7 @@ class SnapshotOps:
     def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
         raise NotImplementedError  # provided by VolumeManager
 
-    def _reserve(self, be: Backend, size: int, count: bool = True) -> contextlib.AbstractContextManager[None]:
+    def _reserve(self, be: Backend, size: int, count: bool = True) -> contextlib.AbstractContextManager[object]:
         raise NotImplementedError  # provided by VolumeManager
 
     # ------------------------------------------------------------ consistency

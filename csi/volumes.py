@@ -28,7 +28,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -63,6 +63,8 @@ from nodeplug.paths import Root
 _log = get_logger("csi")
 
 PARAM_BACKEND = "backend"
+
+Record = Callable[[Callable[[], object]], None]  # records a reserved volume and releases its hold (_reserve)
 
 
 class VolumeManager(SnapshotOps):
@@ -221,7 +223,7 @@ class VolumeManager(SnapshotOps):
         minimum = fileops.min_fs_bytes(fs_type) if access_type == "mount" and fs_type != "btrfs" else capacity.UNIT
         size = capacity.volume_size(req, lim, minimum, source_size)
         be.ready()
-        with self._reserve(be, size):  # held until the volume is recorded and counts by itself
+        with self._reserve(be, size) as record:  # held until the volume is recorded and counts by itself
             if snap is not None:
                 path = be.create_from_snapshot(vid, size, snap)
             elif src_vol is not None:
@@ -244,7 +246,7 @@ class VolumeManager(SnapshotOps):
                 created_at=time.time(),
             )
             try:
-                self.store.put_volume(vol)
+                record(lambda: self.store.put_volume(vol))
             except BaseException:
                 be.delete(vol)
                 raise
@@ -322,9 +324,9 @@ class VolumeManager(SnapshotOps):
             if size == v.capacity_bytes:
                 return size, node_needed
             try:
-                with self._reserve(be, size - v.capacity_bytes, count=False):
+                with self._reserve(be, size - v.capacity_bytes, count=False) as record:
                     node_needed = be.expand(v, size)
-                    self.store.put_volume(replace(v, capacity_bytes=size))
+                    record(lambda: self.store.put_volume(replace(v, capacity_bytes=size)))
             except ResourceExhausted as e:
                 raise OutOfRange(f"capacity_range.required_bytes: growing {volume_id} to {size}: {e}") from None
         _log.info("volume expanded", volume_id=volume_id, bytes=size, node_expansion=node_needed)
@@ -358,11 +360,14 @@ class VolumeManager(SnapshotOps):
         return be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0)
 
     @contextlib.contextmanager
-    def _reserve(self, be: Backend, size: int, count: bool = True) -> Iterator[None]:
+    def _reserve(self, be: Backend, size: int, count: bool = True) -> Iterator[Record]:
         """Check and hold ``size`` bytes (and a volume slot) on a backend while it is being filled.
 
         Free space counts recorded volumes only, so without this two concurrent creates could each see the same
-        free bytes; the check and the reservation happen under one lock, the slow work outside it.
+        free bytes; the check and the reservation happen under one lock, the slow work outside it. The body ends
+        by recording its volume through the ``record`` it is given: the store write and the release happen under
+        the same lock, so no other create ever sees the volume counted twice (as recorded and as reserved) and is
+        refused space that is there. Without a record (failure, or nothing to record) the hold ends with the body.
         """
         with self._space:
             if count and self._full():
@@ -373,12 +378,25 @@ class VolumeManager(SnapshotOps):
                 raise ResourceExhausted(f"the {be.name} backend has {max(0, free)} bytes free, {size} are needed")
             self._reserved[be.name] = self._reserved.get(be.name, 0) + size
             self._in_flight += int(count)
-        try:
-            yield
-        finally:
-            with self._space:
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
                 self._reserved[be.name] -= size
                 self._in_flight -= int(count)
+                held = False
+
+        def record(write: Callable[[], object]) -> None:
+            with self._space:
+                write()
+                release()
+
+        try:
+            yield record
+        finally:
+            with self._space:
+                release()
 
     def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:
         """Abnormal, with a message, when the volume's bytes are missing or its filesystem records errors.

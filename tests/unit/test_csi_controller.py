@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -600,6 +601,30 @@ async def test_status_codes_reach_the_agents_rpc_metrics(tmp_path: Path) -> None
     assert f'nodeplug_rpc_total{{code="OK",method="{create}",plugin="csi"}} 1.0' in text
     assert f'nodeplug_rpc_total{{code="ALREADY_EXISTS",method="{create}",plugin="csi"}} 1.0' in text
     assert 'code="NOT_FOUND",method="/csi.v1.Controller/ControllerGetVolume"' in text
+
+
+async def test_a_volume_being_recorded_is_never_counted_twice(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create holds its bytes until its volume is recorded, then the record counts: never both at once. A space
+    check made while the record is being written must find what the first create left, not less."""
+    monkeypatch.setattr(fileops, "free_bytes", lambda _path: 64 * MIB)
+    store = env.manager.store
+    write = store.put_volume
+    seen: list[int] = []
+    looked = threading.Event()
+
+    def look() -> None:
+        seen.append(env.manager.get_capacity({}))
+        looked.set()
+
+    def write_then_look(volume: Any) -> None:
+        write(volume)
+        threading.Thread(target=look).start()  # a second create's check, exactly now
+        looked.wait(0.5)  # it runs at once unless the recording holds the space lock (then it runs after)
+
+    monkeypatch.setattr(store, "put_volume", write_then_look)
+    await env.stub.CreateVolume(create_req("first", size=32 * MIB, volume_capabilities=[cap(block=True)]))
+    assert looked.wait(10)
+    assert seen == [32 * MIB]  # 64 MiB free, 32 MiB promised to the first volume (a sparse file, nothing written)
 
 
 async def test_concurrent_creates_never_promise_more_than_the_disk(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
