@@ -4,6 +4,9 @@ One :class:`~cni.dataplane.rtnl.Rtnl` socket per side per call: the host side is
 side is opened from inside the pod's netns (see :mod:`cni.dataplane.netns`) and keeps talking to it from anywhere.
 Requests are pyroute2 message objects (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``) built here with the attributes the
 dataplane sets, so the rest of the dataplane reads as what it does ("add this address", "get that link").
+
+pyroute2's names are imported through :mod:`cni.dataplane.rtnl`, never from pyroute2 here: rtnl has to run first so
+that importing them skips pyroute2's package ``__init__``, and a third-party import would be sorted ahead of it.
 """
 
 from __future__ import annotations
