@@ -2,18 +2,22 @@
 
 Design:
 
-- WAL journal, ``synchronous=FULL``: a change is on disk when its call returns. A kill -9 loses nothing even with
-  NORMAL, but the store records host objects (backing files, subvolumes) that the driver just made, and losing the
-  newest records on power loss would orphan them; volume operations are rare and slow next to one fsync, so FULL.
-- One transaction per change (``with conn:``); writers never hold a transaction across a command, so a crash leaves
-  either the old or the new row.
-- Safe for threads: one connection per thread (``threading.local``), SQLite's own locking between them and between
-  processes (``busy_timeout``), so the servicers can call it from ``asyncio.to_thread`` workers.
+- Connections, WAL, busy timeouts, transactions and schema migrations are :mod:`nodeplug.sqlitedb`'s; this module
+  holds the CSI schema (:data:`MIGRATIONS`) and the queries.
+- ``synchronous=FULL``: a change is on disk when its call returns. A kill -9 loses nothing even with NORMAL, but the
+  store records host objects (backing files, subvolumes) that the driver just made, and losing the newest records on
+  power loss would orphan them; volume operations are rare and slow next to one fsync, so FULL.
+- One transaction per change; writers never hold a transaction across a command, so a crash leaves either the old or
+  the new row.
+- Safe for threads: one connection per thread, so the servicers can call it from ``asyncio.to_thread`` workers.
 - Pagination tokens are the decimal offset of the next entry in creation order, as in the reference hostpath
   driver, whose behaviour the community sanity suite checks (a token equals the entries already returned, and a
   token past the end is ABORTED). A token that is not a number, or is past the end, raises :class:`Aborted`, the
   CSI spec's answer to an invalid ``starting_token``. An entry deleted between pages shifts later entries by one,
   so one may be skipped: listing is a best-effort view, as the spec allows.
+
+Schema versions: 1 is the schema of release 0.1.0 (which wrote ``user_version`` 1). Append a migration for every
+change; ``tests/unit/test_state_upgrade.py`` opens databases written by earlier releases.
 
 Constructed as ``StateStore(root(config.data_dir) / "state.db")``.
 """
@@ -22,18 +26,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 from csi.errors import Aborted
 from csi.model import AccessType, Backend, GroupSnapshot, PublishRecord, Snapshot, StageRecord, Volume
+from nodeplug.sqlitedb import Database
 
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
+MIGRATIONS: tuple[str, ...] = (
+    # 1: release 0.1.0
+    """
 CREATE TABLE IF NOT EXISTS volumes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     volume_id TEXT NOT NULL UNIQUE,
@@ -83,7 +85,9 @@ CREATE TABLE IF NOT EXISTS publishes (
     staging_path TEXT NOT NULL,
     PRIMARY KEY (volume_id, target_path)
 );
-"""
+""",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 _VOL_COLS = (
     "volume_id, name, capacity_bytes, backend, access_type, fs_type, path, source_snapshot_id, source_volume_id,"
@@ -175,52 +179,14 @@ class StateStore:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        conn = self._conn()
-        with conn:
-            conn.executescript(_SCHEMA)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    # ------------------------------------------------------------ connections
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
-        return conn
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE so concurrent writers queue instead of failing to upgrade)."""
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        self.db = Database(self.path, MIGRATIONS, synchronous="FULL")
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self._conn().execute(sql, args).fetchone()
+        row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
         return row
 
     def close(self) -> None:
-        with self._all_lock:
-            conns, self._all = self._all, []
-        for c in conns:
-            c.close()
-        self._local = threading.local()
+        self.db.close()
 
     # ------------------------------------------------------------ volumes
 
@@ -248,7 +214,7 @@ class StateStore:
             int(v.ephemeral),
             v.created_at,
         )
-        with self._tx() as c:
+        with self.db.transaction() as c:
             c.execute(
                 f"INSERT INTO volumes ({_VOL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(volume_id) DO UPDATE"
                 " SET name=excluded.name, capacity_bytes=excluded.capacity_bytes, backend=excluded.backend,"
@@ -259,7 +225,7 @@ class StateStore:
             )
 
     def delete_volume(self, volume_id: str) -> bool:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             return c.execute("DELETE FROM volumes WHERE volume_id = ?", (volume_id,)).rowcount > 0
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> tuple[list[Volume], str]:
@@ -274,17 +240,13 @@ class StateStore:
         offset = _offset(starting_token)
         limit = max_entries if max_entries > 0 else -1
         clause = f" WHERE {where}" if where else ""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
+        with self.db.read() as conn:
             total = int(conn.execute(f"SELECT COUNT(*) FROM {table}{clause}", args).fetchone()[0])
             if offset > total:
                 raise Aborted(f"starting_token: {starting_token} is past the end of the list ({total} entries)")
             rows = conn.execute(
                 f"SELECT {cols} FROM {table}{clause} ORDER BY seq LIMIT ? OFFSET ?", (*args, limit, offset)
             ).fetchall()
-        finally:
-            conn.execute("COMMIT")
         end = offset + len(rows)
         return rows, (str(end) if max_entries > 0 and end < total else "")
 
@@ -303,11 +265,11 @@ class StateStore:
         return _snapshot(row) if row else None
 
     def put_snapshot(self, s: Snapshot) -> None:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             _insert_snapshot(c, s)
 
     def delete_snapshot(self, snapshot_id: str) -> bool:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             return c.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)).rowcount > 0
 
     def list_snapshots(
@@ -330,7 +292,7 @@ class StateStore:
 
     def put_group_snapshot(self, g: GroupSnapshot, members: list[Snapshot]) -> None:
         """Record a group snapshot and all its member snapshots in one transaction."""
-        with self._tx() as c:
+        with self.db.transaction() as c:
             for s in members:
                 _insert_snapshot(c, s)
             c.execute(
@@ -340,7 +302,7 @@ class StateStore:
             )
 
     def delete_group_snapshot(self, group_snapshot_id: str) -> bool:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             return (
                 c.execute("DELETE FROM group_snapshots WHERE group_snapshot_id = ?", (group_snapshot_id,)).rowcount > 0
             )
@@ -348,7 +310,7 @@ class StateStore:
     # ------------------------------------------------------------ stage records
 
     def put_stage(self, r: StageRecord) -> None:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             c.execute(
                 "INSERT OR REPLACE INTO stages (volume_id, staging_path, device) VALUES (?,?,?)",
                 (r.volume_id, r.staging_path, r.device),
@@ -359,17 +321,17 @@ class StateStore:
         return StageRecord(row["volume_id"], row["staging_path"], row["device"]) if row else None
 
     def delete_stage(self, volume_id: str) -> bool:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             return c.execute("DELETE FROM stages WHERE volume_id = ?", (volume_id,)).rowcount > 0
 
     def list_stages(self) -> list[StageRecord]:
-        rows = self._conn().execute("SELECT volume_id, staging_path, device FROM stages ORDER BY volume_id")
+        rows = self.db.execute("SELECT volume_id, staging_path, device FROM stages ORDER BY volume_id")
         return [StageRecord(r["volume_id"], r["staging_path"], r["device"]) for r in rows]
 
     # ------------------------------------------------------------ publish records
 
     def put_publish(self, r: PublishRecord) -> None:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             c.execute(
                 "INSERT OR REPLACE INTO publishes (volume_id, target_path, readonly, staging_path) VALUES (?,?,?,?)",
                 (r.volume_id, r.target_path, int(r.readonly), r.staging_path),
@@ -385,15 +347,13 @@ class StateStore:
     def list_publishes(self, volume_id: str = "") -> list[PublishRecord]:
         """Publish records of one volume, or of all volumes when ``volume_id`` is empty."""
         if volume_id:
-            rows = self._conn().execute(
-                "SELECT * FROM publishes WHERE volume_id = ? ORDER BY target_path", (volume_id,)
-            )
+            rows = self.db.execute("SELECT * FROM publishes WHERE volume_id = ? ORDER BY target_path", (volume_id,))
         else:
-            rows = self._conn().execute("SELECT * FROM publishes ORDER BY volume_id, target_path")
+            rows = self.db.execute("SELECT * FROM publishes ORDER BY volume_id, target_path")
         return [_publish(r) for r in rows]
 
     def delete_publish(self, volume_id: str, target_path: str) -> bool:
-        with self._tx() as c:
+        with self.db.transaction() as c:
             n = c.execute(
                 "DELETE FROM publishes WHERE volume_id = ? AND target_path = ?", (volume_id, target_path)
             ).rowcount

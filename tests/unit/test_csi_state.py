@@ -65,7 +65,7 @@ def test_state_survives_reopen(tmp_path: Path) -> None:
 
 def test_wal_and_full_sync(tmp_path: Path) -> None:
     s = StateStore(tmp_path / "state.db")
-    conn = s._conn()
+    conn = s.db.connection()
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
