@@ -1,19 +1,22 @@
 """The SQLite lease store: one database file per network in the IPAM ``dataDir``.
 
-Shared by the warm agent and any number of concurrent entry-point processes. Safety comes from SQLite alone:
+Shared by the warm agent and any number of concurrent entry-point processes. Safety comes from SQLite alone, through
+the agent's one SQLite layer (:mod:`nodeplug.sqlitedb`: connections, WAL, busy timeout, transactions, migrations):
 
 - WAL journal, ``synchronous=NORMAL``: a committed lease survives kill -9 of any process at any moment;
 - every allocation, release and GC is one ``BEGIN IMMEDIATE`` transaction (the write lock is taken before the
   allocator reads what is free), so two processes never lease the same address;
 - ``ip`` is the primary key: even a logic error cannot store a duplicate;
-- a busy timeout (30 s) queues writers instead of failing them.
+- a busy timeout (30 s) queues writers instead of failing them;
+- the schema version is kept in the file (:data:`MIGRATIONS`); a store written by a newer release is refused.
 
 Leases remember the kernel boot they were made in (``/proc/sys/kernel/random/boot_id``). Every pod netns dies with
 the kernel, so a lease from an earlier boot can only be stale: opening the store in a new boot releases them. This is
 the leak host-local has after a reboot, closed without waiting for the runtime's GC. (Leases without a boot id, from
 a store written before this existed, are left to GC.)
 
-Within a process one connection is shared under a lock (the agent runs commands in a thread pool).
+Within a process each thread has its own connection and writers queue on a lock (the agent runs commands in a
+thread pool).
 File names: ``<dataDir>/<network name>.db`` (network names are restricted to ``[A-Za-z0-9_.-]`` by the config parser).
 """
 
@@ -23,11 +26,14 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time
-from collections.abc import Iterator
 
 from cni.errors import IPAM_STORE, CniError
 from cni.ipam.store import Lease
+from nodeplug.sqlitedb import Database
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the entry point's start-up path)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 BUSY_TIMEOUT = 30.0
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -41,20 +47,20 @@ def current_boot_id() -> str:
         return ""
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS leases (
-    ip TEXT PRIMARY KEY,
-    container_id TEXT NOT NULL,
-    ifname TEXT NOT NULL,
-    range_key TEXT NOT NULL,
-    boot_id TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS leases_owner ON leases (container_id, ifname);
-CREATE TABLE IF NOT EXISTS last_reserved (
-    range_key TEXT PRIMARY KEY,
-    ip TEXT NOT NULL
-);
-"""
+def _adopt_0_1_0(c: sqlite3.Connection) -> None:
+    """Schema 1: the leases store as release 0.1.0 wrote it (no version in the file), created or adopted as found.
+    Stores older still lack the boot id column, added here."""
+    c.execute(
+        "CREATE TABLE IF NOT EXISTS leases (ip TEXT PRIMARY KEY, container_id TEXT NOT NULL, ifname TEXT NOT NULL,"
+        " range_key TEXT NOT NULL, boot_id TEXT NOT NULL DEFAULT '')"
+    )
+    c.execute("CREATE INDEX IF NOT EXISTS leases_owner ON leases (container_id, ifname)")
+    c.execute("CREATE TABLE IF NOT EXISTS last_reserved (range_key TEXT PRIMARY KEY, ip TEXT NOT NULL)")
+    if "boot_id" not in {row[1] for row in c.execute("PRAGMA table_info(leases)")}:
+        c.execute("ALTER TABLE leases ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS = (_adopt_0_1_0,)
 
 
 def db_path(data_dir: str | os.PathLike[str], network: str) -> str:
@@ -110,66 +116,26 @@ class SqliteStore:
         self.boot_id = current_boot_id() if boot_id is None else boot_id
         self.released_stale = 0  # leases of earlier boots released when this store was opened
         self.path = db_path(data_dir, network)
-        self._lock = threading.Lock()
         try:
             os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
-            self._init()
+            self.db = Database(self.path, MIGRATIONS, synchronous="NORMAL", busy_timeout=BUSY_TIMEOUT)
+            if self.boot_id:
+                with self.db.transaction() as c:
+                    cur = c.execute("DELETE FROM leases WHERE boot_id != '' AND boot_id != ?", (self.boot_id,))
+                    self.released_stale = cur.rowcount
         except (OSError, sqlite3.Error) as e:
             raise CniError(IPAM_STORE, details=f"cannot open the IPAM store {self.path}: {e}") from None
-
-    def _init(self) -> None:
-        """WAL mode and the schema. Switching to WAL takes an exclusive lock for which SQLite does not wait, so many
-        processes creating the file at once retry briefly here."""
-        deadline = time.monotonic() + BUSY_TIMEOUT
-        while True:
-            try:
-                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    self._conn.execute("PRAGMA journal_mode=WAL")
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-                with self._write():
-                    for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
-                        self._conn.execute(stmt)
-                    columns = {row[1] for row in self._conn.execute("PRAGMA table_info(leases)")}
-                    if "boot_id" not in columns:  # a store from before boot ids
-                        self._conn.execute("ALTER TABLE leases ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''")
-                    if self.boot_id:
-                        cur = self._conn.execute(
-                            "DELETE FROM leases WHERE boot_id != '' AND boot_id != ?", (self.boot_id,)
-                        )
-                        self.released_stale = cur.rowcount
-                return
-            except sqlite3.OperationalError as e:
-                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
-                    raise
-                import random  # only under contention: not on every CNI exec's start-up path
-
-                time.sleep(random.uniform(0.005, 0.03))
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SqliteTxn]:
         try:
-            with self._write() as conn:
+            with self.db.transaction() as conn:
                 yield SqliteTxn(conn, self.boot_id)
         except sqlite3.Error as e:
             raise CniError(IPAM_STORE, details=f"IPAM store {self.path}: {e}") from None
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self.db.close()
 
 
 _cache: dict[tuple[str, str], SqliteStore] = {}

@@ -65,7 +65,7 @@ def test_leases_survive_reopen_and_the_file_is_private(tmp_path: Path) -> None:
         assert allocator.allocate(txn, ipam, "a", "eth0") == first  # same lease after a restart
         assert str(allocator.allocate(txn, ipam, "b", "eth0")[0].address) == "10.41.0.3/24"  # continues after .2
     assert (tmp_path / "net.db").stat().st_mode & 0o777 == 0o600
-    assert again._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert again.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 _HOLD_OPEN = """
@@ -143,7 +143,7 @@ def test_leases_of_an_earlier_boot_are_released_on_open(tmp_path: Path) -> None:
     with before.transaction() as txn:
         allocator.allocate(txn, ipam, "old-pod", "eth0")
         txn.reserve(Lease("10.44.0.50", "legacy", "eth0", "0"))
-    before._conn.execute("UPDATE leases SET boot_id = '' WHERE container_id = 'legacy'")  # written before boot ids
+    before.db.execute("UPDATE leases SET boot_id = '' WHERE container_id = 'legacy'")  # written before boot ids
     before.close()
     same_boot = SqliteStore(tmp_path, "net", boot_id="boot-a")
     assert same_boot.released_stale == 0
