@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import NoReturn, ParamSpec, Protocol, TypeVar
 
 import grpc
@@ -31,8 +31,17 @@ from nodeplug.commands import CommandError
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+# The context of each method, typed by its request and response.
+OptionsContext = grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions]
+WatchContext = grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse]
+PreferContext = grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse]
+AllocateContext = grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse]
+PreStartContext = grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse]
 
 
 class Backend(Protocol):
@@ -90,12 +99,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.b = backend
 
     async def GetDevicePluginOptions(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions]
+        self, request: api_pb2.Empty, context: OptionsContext
     ) -> api_pb2.DevicePluginOptions:
         return options(self.b.res)
 
     async def ListAndWatch(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse]
+        self, request: api_pb2.Empty, context: WatchContext
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         async with contextlib.aclosing(self.b.updates.subscribe()) as updates:
             async for msg in updates:
@@ -104,7 +113,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self,
         request: api_pb2.PreferredAllocationRequest,
-        context: grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse],
+        context: PreferContext,
     ) -> api_pb2.PreferredAllocationResponse:
         try:
             return await self.b.offload(preferences, request, self.b.snapshot(), self.b.res.allocation)
@@ -114,19 +123,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(
         self,
         request: api_pb2.AllocateRequest,
-        context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
+        context: AllocateContext,
     ) -> api_pb2.AllocateResponse:
         start = time.perf_counter()
         name = self.b.res.name
         try:
             if not request.container_requests:
                 raise PolicyError("invalid", "no container_requests")
-            chosen: list[list[Listed]] = []
-            for i, creq in enumerate(request.container_requests):
-                try:
-                    chosen.append(check_allocation(list(creq.devices_ids), self.b.lookup))
-                except PolicyError as e:
-                    raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
+            chosen = each_container(
+                request.container_requests, lambda c: check_allocation(c.devices_ids, self.b.lookup)
+            )
             if self.b.res.cdi:
                 self.b.ensure_cdi_spec()
             out = api_pb2.AllocateResponse()
@@ -142,7 +148,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def PreStartContainer(
         self,
         request: api_pb2.PreStartContainerRequest,
-        context: grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse],
+        context: PreStartContext,
     ) -> api_pb2.PreStartContainerResponse:
         try:
             entries = [(i, self.b.lookup(i)) for i in request.devices_ids]
@@ -163,13 +169,24 @@ def preferences(
     request: api_pb2.PreferredAllocationRequest, snap: Snapshot, mode: str
 ) -> api_pb2.PreferredAllocationResponse:
     """The answer for every container request, or a :class:`PolicyError` naming the first bad one."""
+    answers = each_container(
+        request.container_requests,
+        lambda c: preferred(c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size, snap, mode),
+    )
     out = api_pb2.PreferredAllocationResponse()
-    for i, creq in enumerate(request.container_requests):
+    for ids in answers:
+        out.container_responses.add(deviceIDs=ids)
+    return out
+
+
+def each_container(requests: Iterable[R], fn: Callable[[R], T]) -> list[T]:
+    """``fn`` for every container request, all of them before any answer; a :class:`PolicyError` names its request."""
+    out = []
+    for i, creq in enumerate(requests):
         try:
-            ids = preferred(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size, snap, mode)
+            out.append(fn(creq))
         except PolicyError as e:
             raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
-        out.container_responses.add(deviceIDs=ids)
     return out
 
 
