@@ -292,7 +292,7 @@ def kube_tool(name: str) -> Path:
         with lzma.open(packed) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst)
         tmp.chmod(0o755)
-        os.replace(tmp, out)  # atomic: another session unpacking the same file at once is harmless
+        os.replace(tmp, out)  # atomic: another test run unpacking the same file at once is harmless
     return out
 
 
