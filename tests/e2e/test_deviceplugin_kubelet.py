@@ -137,7 +137,7 @@ async def test_every_stream_gets_every_change_and_cancelled_streams_end(dp: Harn
     assert rt.updates.subscribers == 4  # the stand-in's stream and ours
     dp.mknod("/dev/ttyUSB1")
     for c in calls:
-        msg = await asyncio.wait_for(c.read(), 1)
+        msg = await asyncio.wait_for(c.read(), 5)
         assert [d.ID for d in msg.devices] == ["ttyUSB0", "ttyUSB1"]
     for c in calls:
         c.cancel()

@@ -29,7 +29,7 @@ async def test_broadcast_latest_value_and_clean_end() -> None:
     await asyncio.sleep(0)
     assert got == [0, 2]
     b.close()
-    await asyncio.wait_for(t, 1)
+    await asyncio.wait_for(t, 5)
     assert b.subscribers == 0
     assert [v async for v in b.subscribe()] == []  # closed: nothing
 
