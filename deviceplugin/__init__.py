@@ -8,6 +8,7 @@ Layers, each importing only those above it:
 - edges: :mod:`health` (health/reset commands), :mod:`inotify`, :mod:`uevent`, :mod:`servicer` (v1beta1
   DevicePlugin), :mod:`registration` (Register with kubelet), :mod:`metrics`;
 - lifecycle: :mod:`resource` (one resource: socket, registration, health loop), :mod:`plugin` (all resources,
-  change detection, reload; ``create`` for the agent shell), :mod:`doctor`;
-- for tests, the benchmark and demos: :mod:`kubeletstub` (a kubelet stand-in), :mod:`testing` (fake host, harness).
+  change detection, reload; ``create`` for the agent shell), :mod:`doctor`.
+
+The tests' kubelet stand-in and fake host live with the tests (tests/support).
 """

@@ -108,7 +108,7 @@ def _channel(ctx: AgentContext, res: Resource) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(f"unix://{sock}")
 
 
-async def _first_listing(stub: api_pb2_grpc.DevicePluginStub) -> api_pb2.ListAndWatchResponse:
+async def _first_listing(stub: api_pb2_grpc.DevicePluginAsyncStub) -> api_pb2.ListAndWatchResponse:
     call = stub.ListAndWatch(api_pb2.Empty(), timeout=TIMEOUT)
     try:
         async for msg in call:

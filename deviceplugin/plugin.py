@@ -4,7 +4,8 @@ Change detection, no polling:
 
 - inotify on every directory a resource's devices may appear in (from :func:`discovery.watch_dirs`, recomputed after
   each scan): only the resources watching a changed directory are scanned again; kernel uevents (sysfs hotplug, which
-  inotify cannot see) re-scan the PCI/USB resources; a burst of events becomes one re-scan after :data:`DEBOUNCE`;
+  inotify cannot see) re-scan the PCI/USB resources, except those of virtual devices (a pod's veth, a loop device);
+  a burst of events becomes one re-scan after :data:`DEBOUNCE`;
 - inotify on the device-plugins directory (and its parent, in case the directory itself is removed and made again):
   any change there runs :meth:`ResourceRuntime.sync` for every resource at once, which re-serves a resource whose
   socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
@@ -212,6 +213,8 @@ class DevicePlugin:
             self._schedule_scan(directory)
 
     def _on_uevent(self, action: str, fields: dict[str, str]) -> None:
+        if fields.get("DEVPATH", "").startswith("/devices/virtual/"):
+            return  # veths, bridges, loop devices...: never PCI or USB, and a node starting pods makes many
         if action in ("add", "remove", "bind", "unbind", "change", "move", "overflow"):
             self._schedule_scan(UEVENT)
 

@@ -9,7 +9,10 @@ Preferred allocation, per container request:
    nodes with enough devices (ties: more devices, then lower node numbers); devices with no NUMA node fit anywhere;
 4. replicas (``<id>::<k>``): ``spread`` takes the physical device with the fewest replicas taken so far (so pods land
    on distinct hardware); ``pack`` fills the physical device already in use first, then the one with the fewest free
-   replicas (so whole devices stay free). Ties go by natural ID order, so the answer is deterministic.
+   replicas (so whole devices stay free). Ties go by the listing's order (natural order of the devices, then replica
+   number), so the answer is deterministic.
+
+It reads one :class:`~deviceplugin.state.Snapshot` of the table, so the servicer runs it off the event loop.
 
 :class:`PolicyError` carries ``kind`` ``invalid`` (INVALID_ARGUMENT) or ``precondition`` (FAILED_PRECONDITION); the
 servicer maps it to a status code in one place.
@@ -20,10 +23,9 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from deviceplugin.discovery import natural_key
-from deviceplugin.state import Listed, physical_id
+from deviceplugin.state import Listed, Snapshot
 
 
 class PolicyError(Exception):
@@ -32,32 +34,25 @@ class PolicyError(Exception):
         super().__init__(message)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    id: str
-    numa: int | None
-    physical: str
-
-
 def _names(ids: Iterable[str]) -> str:
     return ", ".join(sorted(set(ids), key=natural_key))
 
 
 def preferred(
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-    lookup: Callable[[str], Listed | None],
-    mode: str = "spread",
+    available: Sequence[str], must_include: Sequence[str], size: int, snap: Snapshot, mode: str = "spread"
 ) -> list[str]:
-    """The IDs to allocate for one container request (see the module docstring)."""
+    """The IDs to allocate for one container request (see the module docstring).
+
+    O(n log n) in the number of IDs: every ID is looked up once, and the candidates are ordered by their rank in the
+    listing (integers, not ID strings).
+    """
     if size <= 0:
         raise PolicyError("invalid", f"allocation_size must be positive, got {size}")
     dup = [i for i, n in Counter(must_include).items() if n > 1]
     if dup:
         raise PolicyError("invalid", f"duplicate IDs in must_include_deviceIDs: {_names(dup)}")
-    avail_set = set(available)
-    outside = [i for i in must_include if i not in avail_set]
+    avail = dict.fromkeys(available)  # each ID once, in kubelet's order
+    outside = [i for i in must_include if i not in avail]
     if outside:
         raise PolicyError("invalid", f"must_include_deviceIDs not in available_deviceIDs: {_names(outside)}")
     if len(must_include) > size:
@@ -65,66 +60,89 @@ def preferred(
             "invalid", f"must_include_deviceIDs has {len(must_include)} IDs, more than allocation_size {size}"
         )
 
-    def cand(i: str) -> Candidate:
-        e = lookup(i)
-        return Candidate(i, e.device.numa if e else None, physical_id(i))
-
-    chosen = [cand(i) for i in must_include]
+    listing, healthy = snap.listing, snap.healthy_rank
     taken = set(must_include)
-    pool = []
-    for i in dict.fromkeys(available):
-        if i in taken:
-            continue
-        e = lookup(i)
-        if e is not None and e.healthy:
-            pool.append(cand(i))
-    need = size - len(chosen)
+    # ranks of the available IDs we hold healthy, in kubelet's order (map and filter run in C: this is the loop
+    # over every ID)
+    if taken:
+        held = {healthy[i] for i in taken if i in healthy}
+        pool = [r for r in map(healthy.get, avail) if r is not None and r not in held]
+    else:
+        pool = [r for r in map(healthy.get, avail) if r is not None]
+    need = size - len(must_include)
     if need > len(pool):
-        rest = sorted((i for i in set(available) - taken if i not in {c.id for c in pool}), key=natural_key)
-        if need > len(pool) + len(rest):
-            raise PolicyError(
-                "invalid", f"allocation_size {size} is more than the {len(set(available))} available_deviceIDs"
-            )
-        return [c.id for c in chosen] + [c.id for c in pool] + rest[: need - len(pool)]
+        others = [i for i in avail if i not in taken and i not in healthy]  # unknown to us, or unhealthy
+        if need > len(pool) + len(others):
+            raise PolicyError("invalid", f"allocation_size {size} is more than the {len(avail)} available_deviceIDs")
+        others.sort(key=natural_key)
+        return [*must_include, *(listing[r].id for r in pool), *others[: need - len(pool)]]
     if need == 0:
-        return [c.id for c in chosen]
+        return list(must_include)
 
-    pool = _numa_subset(pool, chosen, need)
-    per_physical = Counter(c.physical for c in chosen)
-    free = Counter(c.physical for c in pool)
-    pool.sort(key=lambda c: natural_key(c.id))
-    while len(chosen) < size:
-        if mode == "pack":
-            best = min(pool, key=lambda c: (-per_physical[c.physical], free[c.physical], natural_key(c.id)))
-        else:
-            best = min(pool, key=lambda c: (per_physical[c.physical], -free[c.physical], natural_key(c.id)))
-        pool.remove(best)
-        chosen.append(best)
-        per_physical[best.physical] += 1
-        free[best.physical] -= 1
-    return [c.id for c in chosen]
+    fixed = [snap.get(i) for i in must_include]
+    numas = {e.device.numa for e in fixed if e is not None and e.device.numa is not None}
+    pool = _fewest_numa_nodes(pool, snap.numa, numas, need)
+    pool.sort()
+    if snap.replicas == 1:  # one ID per device: every candidate stands equal, listing order decides
+        picked = pool[:need]
+    else:
+        taken_devices = Counter(snap.rank[i] // snap.replicas for i in must_include if i in snap.rank)
+        picked = _replicas(pool, snap.replicas, taken_devices, need, mode)
+    return [*must_include, *(listing[r].id for r in picked)]
 
 
-def _numa_subset(pool: list[Candidate], chosen: list[Candidate], need: int) -> list[Candidate]:
-    """The pool restricted to the fewest NUMA nodes (beyond those ``chosen`` already uses) that hold ``need``."""
-    fixed = {c.numa for c in chosen if c.numa is not None}
-    per_node = Counter(c.numa for c in pool if c.numa is not None)
-    anywhere = sum(1 for c in pool if c.numa is None)
-    inside = anywhere + sum(per_node[n] for n in fixed)
-    if inside >= need:
-        return [c for c in pool if c.numa is None or c.numa in fixed]
-    others = sorted(n for n in per_node if n not in fixed)
-    for k in range(1, len(others) + 1):
-        best: tuple[int, ...] | None = None
-        best_count = -1
-        for combo in itertools.combinations(others, k):
-            count = inside + sum(per_node[n] for n in combo)
-            if count >= need and count > best_count:
-                best, best_count = combo, count
-        if best is not None:
-            keep = fixed | set(best)
-            return [c for c in pool if c.numa is None or c.numa in keep]
-    return pool
+def _fewest_numa_nodes(pool: list[int], numa: Sequence[int | None], fixed: set[int], need: int) -> list[int]:
+    """The pool restricted to the fewest NUMA nodes (beyond ``fixed``, those of must_include) that hold ``need``.
+
+    The best set of k further nodes is the k nodes with the most devices (ties: lower node numbers), so the nodes are
+    taken in that order until enough devices are in; devices with no NUMA node fit anywhere.
+    """
+    per_node = Counter(map(numa.__getitem__, pool))
+    count = per_node.pop(None, 0) + sum(per_node[n] for n in fixed)
+    keep: set[int | None] = {None, *fixed}
+    for n in sorted((n for n in per_node if n not in fixed), key=lambda n: (-per_node[n], n)):
+        if count >= need:
+            break
+        keep.add(n)
+        count += per_node[n]
+    if keep >= per_node.keys():
+        return pool
+    return [r for r in pool if numa[r] in keep]
+
+
+def _replicas(pool: list[int], replicas: int, taken: Counter[int], need: int, mode: str) -> list[int]:
+    """``need`` of the sorted pool's ranks, one at a time: ``spread`` takes from the physical device with the fewest
+    replicas taken so far (then the most free ones), ``pack`` from the one with the most taken (then the fewest free);
+    ties, and the replica within a device, go by listing order.
+
+    That one-at-a-time choice has a closed form, which is what runs here (O(n log n), no rescoring per pick). A device
+    ``d`` with ``t`` replicas taken by must_include and ``f`` free ones in the pool stands at (t + k, k - f, its next
+    rank) for spread after k picks from it, so the picks come in "levels" L = t + k, and within a level in the order
+    of (-(t + f), d), the same at every level. For pack it stands at (-(t + k), f - k, next rank): it only gets better
+    when picked, so the device first in the order (-t, f, d) is drained before the next one starts.
+    """
+    free = Counter(map(replicas.__rfloordiv__, pool))  # device number (rank // replicas) -> free replicas, ascending
+    devices, counts = list(free), list(free.values())
+    starts = list(itertools.accumulate(counts, initial=0))  # device j's free ranks are pool[starts[j]:starts[j + 1]]
+    held = [taken[d] for d in devices]
+    out: list[int] = []
+    if mode == "pack":
+        for j in sorted(range(len(devices)), key=lambda j: (-held[j], counts[j], j)):
+            out += pool[starts[j] : starts[j + 1]][: need - len(out)]
+            if len(out) == need:
+                break
+        return out
+    order = sorted(range(len(devices)), key=lambda j: (-(held[j] + counts[j]), j))
+    level = min(held)
+    while len(out) < need:  # at most max(t + f) <= 2 * replicas levels; each visits the devices once
+        for j in order:
+            k = level - held[j]
+            if 0 <= k < counts[j]:
+                out.append(pool[starts[j] + k])
+                if len(out) == need:
+                    break
+        level += 1
+    return out
 
 
 def check_allocation(ids: Sequence[str], lookup: Callable[[str], Listed | None]) -> list[Listed]:

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from deviceplugin import cdi, discovery, health
 from deviceplugin.broadcast import Broadcast
@@ -26,7 +30,7 @@ from deviceplugin.config import HealthSpec, Resource
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
 from deviceplugin.registration import Identity, describe, identity, register
 from deviceplugin.servicer import DevicePluginServicer, listing_message
-from deviceplugin.state import DeviceTable, Listed
+from deviceplugin.state import DeviceTable, Listed, Snapshot
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeplug.grpcserve import UnixGrpcServer
 from nodeplug.log import Logger
@@ -34,6 +38,18 @@ from nodeplug.metrics import Metrics
 
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 5.0
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def backoff() -> Iterator[float]:
+    """The waits between Register attempts while kubelet is not there: doubling from :data:`BACKOFF_MIN` up to
+    :data:`BACKOFF_MAX`. A kick (a new kubelet.sock, our socket served again) ends a wait early."""
+    delay = BACKOFF_MIN
+    while True:
+        yield delay
+        delay = min(delay * 2, BACKOFF_MAX)
 
 
 class ResourceRuntime:
@@ -75,6 +91,8 @@ class ResourceRuntime:
         self._cdi_dirty = False  # the last write failed: Allocate writes before answering
         self._reg_state = ""
         self._serve_lock = asyncio.Lock()
+        # one worker: preferences are computed one at a time, and a flood of calls queues instead of taking threads
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"deviceplugin-{res.name}")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -98,6 +116,7 @@ class ResourceRuntime:
             await self._server.stop(grace)
             self._server = None
         self.registered = False
+        self._worker.shutdown(wait=False, cancel_futures=True)  # a preference in progress ends within milliseconds
         if removed:
             cdi.remove_spec(self.cdi_dir, self.res)
         self.log.info("stopped", removed=removed or None)
@@ -206,6 +225,12 @@ class ResourceRuntime:
     def lookup(self, replica_id: str) -> Listed | None:
         return self.table.get(replica_id)
 
+    def snapshot(self) -> Snapshot:
+        return self.table.snapshot
+
+    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, functools.partial(fn, *args, **kwargs))
+
     async def reset(self, entries: list[Listed]) -> None:
         if self.res.reset is not None:
             await health.reset(self.res.reset, [e.device for e in entries], self.host_root)
@@ -245,7 +270,7 @@ class ResourceRuntime:
     async def _register_loop(self) -> None:
         while True:
             await self._kick.wait()
-            delay = BACKOFF_MIN
+            delays = backoff()
             while True:
                 self._kick.clear()
                 kubelet_id = identity(self.kubelet_socket)
@@ -258,8 +283,7 @@ class ResourceRuntime:
                     self.metrics.registrations.labels(self.res.name, "error").inc()
                     self._state(f"not registered: {describe(e)}", warn=True)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._kick.wait(), delay)
-                    delay = min(delay * 2, BACKOFF_MAX)
+                        await asyncio.wait_for(self._kick.wait(), next(delays))
                     continue
                 self._kubelet_id = kubelet_id
                 self.registered = True

@@ -4,7 +4,8 @@
 - ListAndWatch: the current listing, then every changed one, from the resource's :class:`Broadcast`; the stream
   ends when kubelet cancels it or the resource stops.
 - GetPreferredAllocation / Allocate: :mod:`deviceplugin.policy` and :mod:`deviceplugin.cdi`; the whole request is
-  checked before any answer, so an error never comes with a partial answer.
+  checked before any answer, so an error never comes with a partial answer. A preference over thousands of IDs is
+  computed off the event loop (the backend's :meth:`~Backend.offload`), on a snapshot of the device table.
 - PreStartContainer: the reset command for each physical device among the IDs.
 
 :func:`_status` is the one place a domain error becomes a gRPC status.
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn, Protocol
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import NoReturn, ParamSpec, Protocol, TypeVar
 
 import grpc
 
@@ -24,9 +25,23 @@ from deviceplugin.cdi import ContainerEdits, container_edits
 from deviceplugin.config import Resource
 from deviceplugin.metrics import DevicePluginMetrics
 from deviceplugin.policy import PolicyError, check_allocation, preferred
-from deviceplugin.state import Listed, physical_id
+from deviceplugin.state import Listed, Snapshot, physical_id
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeplug.commands import CommandError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R = TypeVar("R")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+# The context of each method, typed by its request and response.
+OptionsContext = grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions]
+WatchContext = grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse]
+PreferContext = grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse]
+AllocateContext = grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse]
+PreStartContext = grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse]
 
 
 class Backend(Protocol):
@@ -35,6 +50,11 @@ class Backend(Protocol):
     metrics: DevicePluginMetrics
 
     def lookup(self, replica_id: str) -> Listed | None: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` off the event loop."""
 
     def ensure_cdi_spec(self) -> None: ...
 
@@ -61,7 +81,7 @@ def edits_message(edits: ContainerEdits) -> api_pb2.ContainerAllocateResponse:
     return out
 
 
-async def _status(context: grpc.aio.ServicerContext[Any, Any], e: Exception, where: str) -> NoReturn:
+async def _status(context: grpc.aio.ServicerContext[Req, Resp], e: Exception, where: str) -> NoReturn:
     if isinstance(e, PolicyError):
         code = grpc.StatusCode.INVALID_ARGUMENT if e.kind == "invalid" else grpc.StatusCode.FAILED_PRECONDITION
     elif isinstance(e, CommandError):
@@ -79,52 +99,40 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.b = backend
 
     async def GetDevicePluginOptions(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api_pb2.Empty, context: OptionsContext
     ) -> api_pb2.DevicePluginOptions:
         return options(self.b.res)
 
     async def ListAndWatch(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: api_pb2.Empty, context: WatchContext
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         async with contextlib.aclosing(self.b.updates.subscribe()) as updates:
             async for msg in updates:
                 yield msg
 
     async def GetPreferredAllocation(
-        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: PreferContext,
     ) -> api_pb2.PreferredAllocationResponse:
-        out = api_pb2.PreferredAllocationResponse()
         try:
-            for i, creq in enumerate(request.container_requests):
-                try:
-                    ids = preferred(
-                        list(creq.available_deviceIDs),
-                        list(creq.must_include_deviceIDs),
-                        creq.allocation_size,
-                        self.b.lookup,
-                        self.b.res.allocation,
-                    )
-                except PolicyError as e:
-                    raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
-                out.container_responses.add(deviceIDs=ids)
+            return await self.b.offload(preferences, request, self.b.snapshot(), self.b.res.allocation)
         except PolicyError as e:
             await _status(context, e, "GetPreferredAllocation")
-        return out
 
     async def Allocate(
-        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: api_pb2.AllocateRequest,
+        context: AllocateContext,
     ) -> api_pb2.AllocateResponse:
         start = time.perf_counter()
         name = self.b.res.name
         try:
             if not request.container_requests:
                 raise PolicyError("invalid", "no container_requests")
-            chosen: list[list[Listed]] = []
-            for i, creq in enumerate(request.container_requests):
-                try:
-                    chosen.append(check_allocation(list(creq.devices_ids), self.b.lookup))
-                except PolicyError as e:
-                    raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
+            chosen = each_container(
+                request.container_requests, lambda c: check_allocation(c.devices_ids, self.b.lookup)
+            )
             if self.b.res.cdi:
                 self.b.ensure_cdi_spec()
             out = api_pb2.AllocateResponse()
@@ -138,7 +146,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return out
 
     async def PreStartContainer(
-        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: PreStartContext,
     ) -> api_pb2.PreStartContainerResponse:
         try:
             entries = [(i, self.b.lookup(i)) for i in request.devices_ids]
@@ -153,6 +163,31 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         except (PolicyError, CommandError) as e:
             await _status(context, e, "PreStartContainer")
         return api_pb2.PreStartContainerResponse()
+
+
+def preferences(
+    request: api_pb2.PreferredAllocationRequest, snap: Snapshot, mode: str
+) -> api_pb2.PreferredAllocationResponse:
+    """The answer for every container request, or a :class:`PolicyError` naming the first bad one."""
+    answers = each_container(
+        request.container_requests,
+        lambda c: preferred(c.available_deviceIDs, c.must_include_deviceIDs, c.allocation_size, snap, mode),
+    )
+    out = api_pb2.PreferredAllocationResponse()
+    for ids in answers:
+        out.container_responses.add(deviceIDs=ids)
+    return out
+
+
+def each_container(requests: Iterable[R], fn: Callable[[R], T]) -> list[T]:
+    """``fn`` for every container request, all of them before any answer; a :class:`PolicyError` names its request."""
+    out = []
+    for i, creq in enumerate(requests):
+        try:
+            out.append(fn(creq))
+        except PolicyError as e:
+            raise PolicyError(e.kind, f"container_requests[{i}]: {e}") from None
+    return out
 
 
 def options(res: Resource) -> api_pb2.DevicePluginOptions:

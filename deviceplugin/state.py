@@ -14,7 +14,8 @@ A device is unhealthy while any reason holds, and healthy again when none does:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from deviceplugin.discovery import Device, natural_key
 
@@ -37,6 +38,32 @@ class Listed:
         return HEALTHY if self.healthy else UNHEALTHY
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The listing as of one moment, indexed for the allocation policy. Nothing in it ever changes (the table builds
+    a new one on every change), so work off the event loop can read it while the loop goes on updating the table.
+
+    An ID's *rank* is its position in the listing: natural order of the physical devices, then replica number. The
+    replicas of one device are ``replicas`` consecutive ranks, so ``rank // replicas`` numbers the device.
+    """
+
+    listing: tuple[Listed, ...] = ()
+    replicas: int = 1
+    rank: Mapping[str, int] = field(default_factory=dict)
+    healthy_rank: Mapping[str, int] = field(default_factory=dict)  # the healthy IDs only
+    numa: tuple[int | None, ...] = ()  # by rank
+
+    @classmethod
+    def of(cls, listing: tuple[Listed, ...], replicas: int) -> Snapshot:
+        rank = {e.id: i for i, e in enumerate(listing)}
+        healthy = {e.id: i for i, e in enumerate(listing) if e.healthy}
+        return cls(listing, replicas, rank, healthy, tuple(e.device.numa for e in listing))
+
+    def get(self, replica_id: str) -> Listed | None:
+        i = self.rank.get(replica_id)
+        return None if i is None else self.listing[i]
+
+
 def replica_ids(dev_id: str, replicas: int) -> list[str]:
     return [dev_id] if replicas == 1 else [f"{dev_id}::{k}" for k in range(replicas)]
 
@@ -53,8 +80,7 @@ class DeviceTable:
         self._devices: dict[str, Device] = {}
         self._gone_since: dict[str, float] = {}
         self._command: dict[str, str] = {}  # physical id -> why its health command failed
-        self._listing: tuple[Listed, ...] = ()
-        self._by_id: dict[str, Listed] = {}
+        self._snapshot = Snapshot(replicas=replicas)
 
     # ------------------------------------------------------------ inputs
 
@@ -94,10 +120,14 @@ class DeviceTable:
 
     @property
     def listing(self) -> tuple[Listed, ...]:
-        return self._listing
+        return self._snapshot.listing
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
 
     def get(self, replica_id: str) -> Listed | None:
-        return self._by_id.get(replica_id)
+        return self._snapshot.get(replica_id)
 
     def devices(self) -> list[Device]:
         """Physical devices present now (the ones a health command is run for)."""
@@ -127,9 +157,8 @@ class DeviceTable:
             why = self.reason(dev_id)
             entries.extend(Listed(rid, dev, not why, why) for rid in replica_ids(dev_id, self.replicas))
         listing = tuple(entries)
-        changed = _visible(listing) != _visible(self._listing)
-        self._listing = listing
-        self._by_id = {e.id: e for e in listing}
+        changed = _visible(listing) != _visible(self._snapshot.listing)
+        self._snapshot = Snapshot.of(listing, self.replicas)
         return changed
 
 

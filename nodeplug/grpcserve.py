@@ -22,13 +22,16 @@ import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
 
 from nodeplug.log import Logger, get_logger
 from nodeplug.metrics import Metrics
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 
 _ID_FIELDS = ("volume_id", "snapshot_id", "source_volume_id", "group_snapshot_id", "node_id", "name")
 _SUN_PATH_MAX = 107
@@ -71,15 +74,17 @@ class _Observer(aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Req, Resp] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Req, Resp] | None:
         handler = await continuation(details)
         if handler is None:
             return handler
         method: str = details.method
+        # grpc's types describe the synchronous server's handlers; under grpc.aio they are coroutine functions
+        # (unary) and async generators or coroutine functions (streams), so they are called as Any here
         if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
+            inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 start, ids = time.perf_counter(), _ids(request)
@@ -99,7 +104,7 @@ class _Observer(aio.ServerInterceptor):
                 unary_unary, handler.request_deserializer, handler.response_serializer
             )
         if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
+            inner_us: Any = handler.unary_stream
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 start, ids = time.perf_counter(), _ids(request)

@@ -1,6 +1,7 @@
 """Shared fixtures for the three tiers.
 
-- unit: no root, no kernel objects;
+- unit: pure logic (a fake /dev and /sys tree in a temporary directory at most);
+- integration: no root; real unix sockets, subprocesses, inotify and tools (kubectl kustomize), in this process;
 - node: root; real network namespaces, veth pairs, bridges, loop devices and mounts made through the fixtures here,
   each removed even when the test fails;
 - e2e: the whole agent on a temporary root, driven as kubelet and a runtime drive it.
@@ -15,21 +16,23 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import lzma
 import os
 import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from support.agent import AgentProcess
+
+# Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``).
+pytest_plugins = ["support.dpharness", "support.manifests"]
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
@@ -263,51 +266,43 @@ def bundle_builder() -> Callable[..., Path]:
     return build_bundle
 
 
+# ---------------------------------------------------------------- real Kubernetes tools (KUBE_ASSETS)
+
+KUBE_CACHE = REPO / "build" / "kube"
+
+
+def kube_assets() -> Path:
+    """$KUBE_ASSETS, the folder of xz-compressed Kubernetes binaries; by default ../shared/kube beside the repository
+    (a relative value is taken from the repository too)."""
+    folder = Path(os.environ.get("KUBE_ASSETS", "../shared/kube"))
+    return folder if folder.is_absolute() else (REPO / folder).resolve()
+
+
+def kube_tool(name: str) -> Path:
+    """The binary ``name`` from :func:`kube_assets`, unpacked once into build/kube (a new copy when the compressed
+    one changes); skips the test, saying why, where it is absent."""
+    packed = kube_assets() / f"{name}.xz"
+    if not packed.is_file():
+        pytest.skip(f"{packed} is absent: set KUBE_ASSETS to the folder holding the Kubernetes binaries ({name}.xz)")
+    st = packed.stat()
+    out = KUBE_CACHE / f"{name}-{st.st_size}-{st.st_mtime_ns}"
+    if not out.exists():
+        KUBE_CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        with lzma.open(packed) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.chmod(0o755)
+        os.replace(tmp, out)  # atomic: another test run unpacking the same file at once is harmless
+    return out
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> Path:
+    """kubectl 1.32 from KUBE_ASSETS (``kubectl kustomize`` renders the DaemonSet's base as users render it)."""
+    return kube_tool("kubectl")
+
+
 # ---------------------------------------------------------------- the whole agent as a process (e2e)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class AgentProcess:
-    """``nodeplug agent --config <root>/agent.yaml --root <root>`` running, its output in ``<root>/agent.log``."""
-
-    def __init__(self, root: Path, extra_config: str = "") -> None:
-        self.root = root
-        self.port = free_port()
-        self.config = root / "agent.yaml"
-        self.config.write_text(f"http:\n  address: 127.0.0.1:{self.port}\nshutdown_grace_seconds: 2\n{extra_config}")
-        self.log = root / "agent.log"
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(root)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.log.read_text()}")
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.alive()
-            with contextlib.suppress(OSError), urllib.request.urlopen(self.url("/healthz"), timeout=5) as r:
-                if r.status == 200:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"agent not healthy within {timeout}s:\n{self.log.read_text()}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from conftest import AgentProcess  # the fixture's type (tests/conftest.py)
+from support.agent import AgentProcess
 
 pytestmark = [
     pytest.mark.e2e,

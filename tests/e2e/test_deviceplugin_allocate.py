@@ -1,21 +1,21 @@
 """Allocate and PreStartContainer as kubelet calls them: device specs, mounts and envs, CDI specs and names,
 bad IDs named in the error with no partial answer, reset commands.
 
-Driven as kubelet drives the plugin: a kubelet stand-in (v1beta1 Registration server from the generated stubs) on a
-temp ``kubelet.sock``, real device nodes made with mknod in a temp host root, a fake sysfs for PCI and NUMA.
+Through the ``dp`` fixture (tests/support/dpharness.py), with real device nodes (mknod) in its host root.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-from deviceplugin.testing import Harness, alloc, harness, ids
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
+
+from support.devicehost import alloc
+from support.dpharness import Harness, ids
 
 pytestmark = [
     pytest.mark.e2e,
@@ -23,15 +23,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-async def h() -> AsyncIterator[Harness]:
-    async with harness() as h:
-        yield h
-
-
-async def test_allocate_device_specs_mounts_and_envs(h: Harness) -> None:
+async def test_allocate_device_specs_mounts_and_envs(dp: Harness) -> None:
     for i in range(3):
-        h.mknod(f"/dev/dri/renderD{128 + i}")
+        dp.mknod(f"/dev/dri/renderD{128 + i}")
     res = {
         "name": "gpu",
         "devices": ["/dev/dri/renderD*"],
@@ -39,8 +33,8 @@ async def test_allocate_device_specs_mounts_and_envs(h: Harness) -> None:
         "mounts": [{"host_path": "/usr/share/gpu", "container_path": "/opt/gpu", "read_only": False}],
         "env": {"GPU_MODE": "compute"},
     }
-    await h.start(h.config([res]))
-    ep = await h.ep("gpu")
+    await dp.start(dp.config([res]))
+    ep = await dp.ep("gpu")
     assert ids(ep.latest) == ["dri-renderD128", "dri-renderD129", "dri-renderD130"]
     resp = await ep.stub.Allocate(alloc(["dri-renderD130", "dri-renderD128"], ["dri-renderD129"]))
     first, second = resp.container_responses
@@ -56,13 +50,13 @@ async def test_allocate_device_specs_mounts_and_envs(h: Harness) -> None:
     assert list(first.cdi_devices) == []
 
 
-async def test_allocate_with_cdi_writes_the_spec(h: Harness) -> None:
-    h.mknod("/dev/ttyUSB0")
-    h.mknod("/dev/ttyUSB1")
+async def test_allocate_with_cdi_writes_the_spec(dp: Harness) -> None:
+    dp.mknod("/dev/ttyUSB0")
+    dp.mknod("/dev/ttyUSB1")
     res = {"name": "serial", "devices": ["/dev/ttyUSB*"], "cdi": True, "replicas": 2, "env": {"BAUD": "9600"}}
-    await h.start(h.config([res]))
-    ep = await h.ep("serial")
-    spec_path = h.cdi_dir / "nodeplug.io-serial.json"
+    await dp.start(dp.config([res]))
+    ep = await dp.ep("serial")
+    spec_path = dp.cdi_dir / "nodeplug.io-serial.json"
     spec = json.loads(spec_path.read_text())
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "nodeplug.io/serial"
     assert [d["name"] for d in spec["devices"]] == ["ttyUSB0::0", "ttyUSB0::1", "ttyUSB1::0", "ttyUSB1::1"]
@@ -74,35 +68,35 @@ async def test_allocate_with_cdi_writes_the_spec(h: Harness) -> None:
     (c,) = resp.container_responses
     assert [d.name for d in c.cdi_devices] == ["nodeplug.io/serial=ttyUSB1::0", "nodeplug.io/serial=ttyUSB0::1"]
     assert list(c.devices) == [] and dict(c.envs) == {"NODEPLUG_SERIAL_DEVICES": "ttyUSB1::0,ttyUSB0::1"}
-    h.mknod("/dev/ttyUSB2")  # hotplug: the spec follows
-    await ep.wait_listing(lambda listing: len(listing) == 6, 1)
+    dp.mknod("/dev/ttyUSB2")  # hotplug: the spec follows
+    await ep.wait_listing(lambda listing: len(listing) == 6)
     assert "ttyUSB2::1" in [d["name"] for d in json.loads(spec_path.read_text())["devices"]]
     spec_path.unlink()  # someone removed it: Allocate writes it again before answering
     await ep.stub.Allocate(alloc(["ttyUSB2::1"]))
     assert spec_path.exists()
-    assert [p.name for p in h.cdi_dir.iterdir()] == ["nodeplug.io-serial.json"]
+    assert [p.name for p in dp.cdi_dir.iterdir()] == ["nodeplug.io-serial.json"]
 
 
-async def test_cdi_dir_unwritable_then_fixed(h: Harness) -> None:
-    h.mknod("/dev/fuse")
-    h.cdi_dir.parent.mkdir(parents=True)
-    h.cdi_dir.write_text("")  # a file where the CDI directory should be: every write fails
-    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "cdi": True}]))
-    ep = await h.ep("fuse")  # serving and registered all the same
+async def test_cdi_dir_unwritable_then_fixed(dp: Harness) -> None:
+    dp.mknod("/dev/fuse")
+    dp.cdi_dir.parent.mkdir(parents=True)
+    dp.cdi_dir.write_text("")  # a file where the CDI directory should be: every write fails
+    await dp.start(dp.config([{"name": "fuse", "devices": ["/dev/fuse"], "cdi": True}]))
+    ep = await dp.ep("fuse")  # serving and registered all the same
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await ep.stub.Allocate(alloc(["fuse"]))
-    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and str(h.cdi_dir) in (e.value.details() or "")
-    h.cdi_dir.unlink()
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and str(dp.cdi_dir) in (e.value.details() or "")
+    dp.cdi_dir.unlink()
     resp = await ep.stub.Allocate(alloc(["fuse"]))
     assert [d.name for d in resp.container_responses[0].cdi_devices] == ["nodeplug.io/fuse=fuse"]
-    assert json.loads((h.cdi_dir / "nodeplug.io-fuse.json").read_text())["devices"][0]["name"] == "fuse"
+    assert json.loads((dp.cdi_dir / "nodeplug.io-fuse.json").read_text())["devices"][0]["name"] == "fuse"
 
 
-async def test_allocate_rejects_unknown_and_duplicate_ids_with_no_partial_answer(h: Harness) -> None:
-    h.mknod("/dev/ttyUSB0")
-    h.mknod("/dev/ttyUSB1")
-    await h.start(h.config([{"name": "serial", "devices": ["/dev/ttyUSB*"]}]))
-    ep = await h.ep("serial")
+async def test_allocate_rejects_unknown_and_duplicate_ids_with_no_partial_answer(dp: Harness) -> None:
+    dp.mknod("/dev/ttyUSB0")
+    dp.mknod("/dev/ttyUSB1")
+    await dp.start(dp.config([{"name": "serial", "devices": ["/dev/ttyUSB*"]}]))
+    ep = await dp.ep("serial")
     cases = [
         (alloc(["ttyUSB0"], ["ttyUSB7", "ttyUSB9"]), grpc.StatusCode.INVALID_ARGUMENT,
          "container_requests[1]: unknown device IDs: ttyUSB7, ttyUSB9"),
@@ -118,13 +112,13 @@ async def test_allocate_rejects_unknown_and_duplicate_ids_with_no_partial_answer
         assert text in (e.value.details() or ""), e.value.details()
 
 
-async def test_prestart_runs_the_reset_command(h: Harness) -> None:
-    h.mknod("/dev/fuse")
-    marks = h.base / "marks"
+async def test_prestart_runs_the_reset_command(dp: Harness) -> None:
+    dp.mknod("/dev/fuse")
+    marks = dp.base / "marks"
     marks.mkdir()
     reset = {"command": ["touch", str(marks / "reset-{id}")], "timeout_seconds": 5}
-    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "replicas": 2, "reset": reset}]))
-    ep = await h.ep("fuse")
+    await dp.start(dp.config([{"name": "fuse", "devices": ["/dev/fuse"], "replicas": 2, "reset": reset}]))
+    ep = await dp.ep("fuse")
     assert ep.options is not None and ep.options.pre_start_required
     await ep.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["fuse::0", "fuse::1"]))
     assert [p.name for p in marks.iterdir()] == ["reset-fuse"]  # once per physical device
@@ -133,11 +127,11 @@ async def test_prestart_runs_the_reset_command(h: Harness) -> None:
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nope" in (e.value.details() or "")
 
 
-async def test_prestart_reset_failure_is_an_error(h: Harness) -> None:
-    h.mknod("/dev/fuse")
+async def test_prestart_reset_failure_is_an_error(dp: Harness) -> None:
+    dp.mknod("/dev/fuse")
     reset = {"command": ["false"]}
-    await h.start(h.config([{"name": "fuse", "devices": ["/dev/fuse"], "reset": reset}]))
-    ep = await h.ep("fuse")
+    await dp.start(dp.config([{"name": "fuse", "devices": ["/dev/fuse"], "reset": reset}]))
+    ep = await dp.ep("fuse")
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await ep.stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["fuse"]))
     assert e.value.code() == grpc.StatusCode.INTERNAL

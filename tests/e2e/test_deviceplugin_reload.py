@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,16 @@ import yaml
 from deviceplugin.config import Config
 from deviceplugin.doctor import checks
 from deviceplugin.plugin import DevicePlugin
-from deviceplugin.testing import Harness, alloc, harness
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.checks import CheckFailed, CheckSkipped
 from nodeplug.config import ConfigError, parse
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
+from support.agent import free_port
+from support.devicehost import alloc
+from support.dpharness import Harness
+from support.wait import eventually
 
 pytestmark = [
     pytest.mark.e2e,
@@ -43,53 +46,47 @@ SERIAL = {"name": "serial", "devices": ["/dev/ttyUSB*"]}
 
 
 @pytest.fixture
-async def h() -> AsyncIterator[Harness]:
-    async with harness() as h:
-        yield h
-
-
-@pytest.fixture
-async def running(h: Harness) -> tuple[Harness, DevicePlugin]:
+async def running(dp: Harness) -> tuple[Harness, DevicePlugin]:
     for node in ("/dev/fuse", "/dev/net/tun", "/dev/ttyUSB0"):
-        h.mknod(node)
-    return h, await h.start(h.config([FUSE, TUN]))
+        dp.mknod(node)
+    return dp, await dp.start(dp.config([FUSE, TUN]))
 
 
 async def test_reload_add_remove_change_and_keep(running: tuple[Harness, DevicePlugin]) -> None:
-    h, plugin = running
-    kubelet = h.kubelet
+    dp, plugin = running
+    kubelet = dp.kubelet
     fuse = await kubelet.wait_registered("nodeplug.io/fuse")
     await kubelet.wait_registered("nodeplug.io/tun")
     own = fuse.stub.ListAndWatch(api_pb2.Empty())
     assert [d.ID for d in (await own.read()).devices] == ["fuse"]
     fuse_runtime = plugin.resources["fuse"]
     tun_runtime = plugin.resources["tun"]
-    tun_sock = h.plugin_dir / "nodeplug-tun.sock"
+    tun_sock = dp.plugin_dir / "nodeplug-tun.sock"
 
     changed_tun = {**TUN, "replicas": 2}
-    await plugin.reload(h.config([FUSE, changed_tun, SERIAL]))
+    await plugin.reload(dp.config([FUSE, changed_tun, SERIAL]))
     serial = await kubelet.wait_registered("nodeplug.io/serial")  # added
     assert serial.latest == [("ttyUSB0", "Healthy", ())]
     tun = await kubelet.wait_registered("nodeplug.io/tun", after=1)  # changed: restarted and registered again
     assert [d[0] for d in tun.latest] == ["net-tun::0", "net-tun::1"]
     assert plugin.resources["tun"] is not tun_runtime
     assert plugin.resources["fuse"] is fuse_runtime and kubelet.count("nodeplug.io/fuse") == 1  # unchanged
-    h.mknod("/dev/ttyUSB1")  # the kept resource's streams still work: ours sees nothing (fuse unchanged) ...
-    await serial.wait_listing(lambda listing: len(listing) == 2, 1)
+    dp.mknod("/dev/ttyUSB1")  # the kept resource's streams still work: ours sees nothing (fuse unchanged) ...
+    await serial.wait_listing(lambda listing: len(listing) == 2)
     assert not fuse.stream_ended and fuse_runtime.updates.subscribers == 2
     own.cancel()
 
-    await plugin.reload(h.config([FUSE, SERIAL]))  # tun removed
+    await plugin.reload(dp.config([FUSE, SERIAL]))  # tun removed
     assert not tun_sock.exists()
     assert "tun" not in plugin.resources
-    await tun.wait_listing(lambda listing: tun.stream_ended, 1)  # kubelet sees the stream end
+    await tun.wait_listing(lambda listing: tun.stream_ended)  # kubelet sees the stream end
     assert plugin.readiness().ready
 
 
 async def test_bad_config_is_rejected_with_field_names(running: tuple[Harness, DevicePlugin]) -> None:
-    h, plugin = running
-    await h.ep("fuse")
-    bad = section(h.host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
+    dp, plugin = running
+    await dp.ep("fuse")
+    bad = section(dp.host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
     with pytest.raises(ConfigError) as e:
         parse({"deviceplugin": bad})
     assert e.value.problems == ["deviceplugin.resources[1].pci[0].vendor: expected 4 hex digits, got '80860'"]
@@ -99,12 +96,12 @@ async def test_bad_config_is_rejected_with_field_names(running: tuple[Harness, D
 
 
 async def test_metrics(running: tuple[Harness, DevicePlugin]) -> None:
-    h, _ = running
-    ep = await h.ep("fuse")
-    await h.ep("tun")
+    dp, _ = running
+    ep = await dp.ep("fuse")
+    await dp.ep("tun")
     for _ in range(3):
         await ep.stub.Allocate(alloc(["fuse"]))
-    text = h.ctx.metrics.render().decode()
+    text = dp.ctx.metrics.render().decode()
     for line in (
         'nodeplug_deviceplugin_devices{health="Healthy",resource="fuse"} 1.0',
         'nodeplug_deviceplugin_devices{health="Unhealthy",resource="fuse"} 0.0',
@@ -119,18 +116,18 @@ async def test_metrics(running: tuple[Harness, DevicePlugin]) -> None:
 
 
 async def test_doctor_round_trip_and_skip(running: tuple[Harness, DevicePlugin]) -> None:
-    h, plugin = running
-    await h.ep("fuse")
-    await h.ep("tun")
-    cfg = h.config([FUSE, TUN])
-    results = {c.name: await c.run() for c in checks(cfg, h.ctx) if c.group == "deviceplugin"}
-    assert results["host root"] == f"{h.host} has dev and sys"
+    dp, plugin = running
+    await dp.ep("fuse")
+    await dp.ep("tun")
+    cfg = dp.config([FUSE, TUN])
+    results = {c.name: await c.run() for c in checks(cfg, dp.ctx) if c.group == "deviceplugin"}
+    assert results["host root"] == f"{dp.host} has dev and sys"
     assert results["fuse discovery"] == "1 device"
     assert results["fuse serving"].startswith("serving 1 device (1 healthy); kubelet.sock present")
     assert results["change detection"] == "inotify and kernel uevents"
     assert results["fuse allocate"] == "fuse -> /dev/fuse"
     await plugin.stop(0)
-    for c in checks(cfg, h.ctx):
+    for c in checks(cfg, dp.ctx):
         if c.name in ("fuse serving", "tun allocate"):
             with pytest.raises(CheckSkipped, match="the agent is not running"):
                 await c.run()
@@ -147,22 +144,16 @@ async def test_host_root_check_fails_without_sys(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the whole agent, reloaded with SIGHUP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def test_agent_process_reload_on_sighup(h: Harness) -> None:
-    host, root, kubelet = h.host, h.ctx.root.path, h.kubelet
+async def test_agent_process_reload_on_sighup(dp: Harness) -> None:
+    host, root, kubelet = dp.host, dp.ctx.root.path, dp.kubelet
     for node in ("/dev/fuse", "/dev/net/tun"):
-        h.mknod(node)
+        dp.mknod(node)
     await kubelet.start()
-    conf = h.base / "agent.yaml"
+    conf = dp.base / "agent.yaml"
 
     def write(resources: list[dict[str, Any]]) -> None:
         doc = {
-            "http": {"address": f"127.0.0.1:{_free_port()}"},
+            "http": {"address": f"127.0.0.1:{free_port()}"},
             "csi": {"enabled": False},
             "cni": {"enabled": False},
             "deviceplugin": section(host, resources),
@@ -170,7 +161,7 @@ async def test_agent_process_reload_on_sighup(h: Harness) -> None:
         conf.write_text(yaml.safe_dump(doc))
 
     write([FUSE])
-    log = (h.base / "agent.log").open("w")
+    log = (dp.base / "agent.log").open("w")
     proc = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(conf), "--root", str(root)],
         stdout=log,
@@ -186,12 +177,13 @@ async def test_agent_process_reload_on_sighup(h: Harness) -> None:
         assert kubelet.count("nodeplug.io/fuse") == 1 and not fuse.stream_ended  # unchanged: kept its stream
         conf.write_text(conf.read_text().replace("name: tun", "name: TUN!"))  # bad: rejected, the running one stays
         proc.send_signal(signal.SIGHUP)
-        await asyncio.sleep(0.5)
-        assert (h.plugin_dir / "nodeplug-tun.sock").exists()
+        log_file = dp.base / "agent.log"
+        await eventually(lambda: "new config rejected" in log_file.read_text(), 10, "the bad config's rejection")
+        assert (dp.plugin_dir / "nodeplug-tun.sock").exists()
         write([TUN])
         proc.send_signal(signal.SIGHUP)
         await fuse.wait_listing(lambda _: fuse.stream_ended, 10)
-        assert not (h.plugin_dir / "nodeplug-fuse.sock").exists()
+        assert not (dp.plugin_dir / "nodeplug-fuse.sock").exists()
         resp = await tun.stub.Allocate(alloc(["net-tun"]))
         assert resp.container_responses[0].devices[0].host_path == "/dev/net/tun"
     finally:
@@ -204,15 +196,15 @@ async def test_agent_process_reload_on_sighup(h: Harness) -> None:
                 proc.kill()
                 await proc.wait()
             log.close()
-    text = (h.base / "agent.log").read_text()
+    text = (dp.base / "agent.log").read_text()
     assert proc.returncode == 0, text
     assert "deviceplugin.resources[1].name: expected a DNS label" in text
-    assert not list(h.plugin_dir.glob("nodeplug-*.sock"))  # stop removed every socket
+    assert not list(dp.plugin_dir.glob("nodeplug-*.sock"))  # stop removed every socket
 
 
-async def test_start_removes_leftovers_of_a_killed_agent(h: Harness) -> None:
-    h.mknod("/dev/fuse")
-    plugin_dir, cdi_dir = h.plugin_dir, h.cdi_dir
+async def test_start_removes_leftovers_of_a_killed_agent(dp: Harness) -> None:
+    dp.mknod("/dev/fuse")
+    plugin_dir, cdi_dir = dp.plugin_dir, dp.cdi_dir
     plugin_dir.mkdir(parents=True)
     cdi_dir.mkdir(parents=True)
     old = socket.socket(socket.AF_UNIX)
@@ -222,7 +214,7 @@ async def test_start_removes_leftovers_of_a_killed_agent(h: Harness) -> None:
     (cdi_dir / "nodeplug.io-gone.json").write_text("{}")
     (cdi_dir / "nodeplug.io-fuse.json").write_text("{}")  # fuse is configured, but without CDI now
     (cdi_dir / "vendor.com-gpu.json").write_text("{}")  # not ours: untouched
-    plugin = await h.start(h.config([FUSE]), kubelet=False)
+    plugin = await dp.start(dp.config([FUSE]), kubelet=False)
     assert sorted(p.name for p in plugin_dir.iterdir()) == ["nodeplug-fuse.sock", "other-vendor.sock"]
     assert sorted(p.name for p in cdi_dir.iterdir()) == ["vendor.com-gpu.json"]
     await plugin.stop(0)

@@ -10,24 +10,24 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import pytest
-
-if TYPE_CHECKING:
-    from conftest import AgentProcess  # the fixture's type (tests/conftest.py)
 from google.protobuf import symbol_database
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc import aio
 
 from nodeplug.api.csi.v1 import csi_pb2
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
-from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
+
+from support.agent import AgentProcess
+from support.kubelet import FakeKubelet
+from support.wait import eventually
+from support.wire import MethodRecorder
 
 pytestmark = [
     pytest.mark.e2e,
@@ -42,24 +42,6 @@ NOT_SERVED = {
     "/csi.v1.SnapshotMetadata/GetMetadataAllocated",
     "/csi.v1.SnapshotMetadata/GetMetadataDelta",
 }
-
-
-class _Recorder(aio.ServerInterceptor):
-    def __init__(self) -> None:
-        self.methods: list[str] = []
-
-    async def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
-        self.methods.append(details.method)
-        return await continuation(details)
-
-
-class _Kubelet(dp_grpc.RegistrationServicer):
-    def __init__(self) -> None:
-        self.requests: list[dp_pb2.RegisterRequest] = []
-
-    async def Register(self, request: dp_pb2.RegisterRequest, context: Any) -> dp_pb2.Empty:
-        self.requests.append(request)
-        return dp_pb2.Empty()
 
 
 def _methods(service: ServiceDescriptor) -> list[tuple[str, Any, Any, bool]]:
@@ -87,15 +69,11 @@ async def _call(channel: aio.Channel, path: str, req: Any, resp: Any, streaming:
 
 
 @pytest.fixture
-async def wired(spawn_agent: Callable[..., AgentProcess]) -> AsyncIterator[tuple[Path, _Kubelet, _Recorder]]:
+async def wired(spawn_agent: Callable[..., AgentProcess]) -> AsyncIterator[tuple[Path, FakeKubelet, MethodRecorder]]:
     root = Path(tempfile.mkdtemp(prefix="npw-", dir="/tmp"))
-    dp_dir = root / "var/lib/kubelet/device-plugins"
-    dp_dir.mkdir(parents=True)
-    recorder, kubelet = _Recorder(), _Kubelet()
-    server = aio.server(interceptors=[recorder])
-    dp_grpc.add_RegistrationServicer_to_server(kubelet, server)
-    server.add_insecure_port(f"unix://{dp_dir / 'kubelet.sock'}")
-    await server.start()
+    recorder = MethodRecorder()
+    kubelet = FakeKubelet(root / "var/lib/kubelet/device-plugins", interceptors=[recorder])
+    await kubelet.start()
     agent = await asyncio.to_thread(spawn_agent, root)
     proc, log = agent.proc, agent.log
     sockets = [
@@ -104,21 +82,18 @@ async def wired(spawn_agent: Callable[..., AgentProcess]) -> AsyncIterator[tuple
         root / "run/nodeplug/cni.sock",
     ]
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (kubelet.requests and all(p.is_socket() for p in sockets)):
-            assert proc.poll() is None, log.read_text()
-            await asyncio.sleep(0.05)
-        assert kubelet.requests, f"no registration within 30s:\n{log.read_text()}"
+        await kubelet.changes.until(lambda: bool(kubelet.requests), 30, lambda: f"no registration:\n{log.read_text()}")
+        await eventually(lambda: all(p.is_socket() for p in sockets) or proc.poll() is not None, 30, "every socket")
         assert all(p.is_socket() for p in sockets), log.read_text()
         yield root, kubelet, recorder
     finally:
         try:
             assert await asyncio.to_thread(agent.stop) == 0, log.read_text()
         finally:
-            await server.stop(0)  # the spawn_agent fixture kills a stuck agent and removes the root
+            await kubelet.stop()  # the spawn_agent fixture kills a stuck agent and removes the root
 
 
-async def test_every_method_path_is_served(wired: tuple[Path, _Kubelet, _Recorder]) -> None:
+async def test_every_method_path_is_served(wired: tuple[Path, FakeKubelet, MethodRecorder]) -> None:
     root, kubelet, recorder = wired
     assert recorder.methods[0] == "/v1beta1.Registration/Register"
     first = kubelet.requests[0]

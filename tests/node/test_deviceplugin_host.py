@@ -13,10 +13,12 @@ import pytest
 from deviceplugin.config import Config, PciMatch, Resource
 from deviceplugin.discovery import discover
 from deviceplugin.plugin import create
-from deviceplugin.testing import short_tempdir
 from deviceplugin.uevent import UeventMonitor
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
+from support.devicehost import short_tempdir
+from support.wait import eventually
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: triggers kernel uevents, uses loop devices")
 
@@ -108,19 +110,12 @@ async def test_kernel_uevent_rescans_sysfs_resources(short: Path) -> None:
             rt.rescan = counting  # type: ignore[method-assign]
         assert [e.id for e in plugin.resources["pci"].table.listing] == [addr]
         trigger(f"/sys/bus/pci/devices/{addr}/uevent")
-        for _ in range(200):
-            if scans["pci"]:
-                break
-            await asyncio.sleep(0.01)
-        assert scans["pci"] >= 1
+        await eventually(lambda: scans["pci"] >= 1, what="a re-scan of the PCI resource")
         # a uevent alone never re-scans a glob resource (inotify covers /dev); other activity on this host may
         # touch /dev, so check that part without the kernel: a uevent, and no directory change
         scans.update(pci=0, nulls=0)
         plugin._on_uevent("add", {"SUBSYSTEM": "usb"})
-        for _ in range(200):
-            if scans["pci"]:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: scans["pci"] >= 1, what="a re-scan of the PCI resource")
         assert scans["pci"] == 1 and plugin._pending == set()
     finally:
         await plugin.stop(0)

@@ -1,32 +1,20 @@
-"""Helpers for the tests and the benchmark: a fake host root, and the plugin under a kubelet stand-in.
+"""A fake host root for device discovery, used by the device-plugin tests and the benchmark.
 
 :class:`FakeHost` builds what discovery reads in a temporary directory: device nodes (real character nodes with
 ``mknod`` when root, plain files otherwise, which is enough for PCI/USB node checks) and a fake sysfs with PCI
-functions (vendor, device, class, NUMA node, IOMMU group), linked from ``sys/bus/pci/devices`` like the real one.
-
-:class:`Harness` is one plugin on a temporary agent root with a :class:`~deviceplugin.kubeletstub.FakeKubelet`.
-Unix socket paths are limited to 107 bytes, so :func:`short_tempdir` makes directories directly under the system
-temporary directory rather than in a deep per-test path.
+functions (vendor, device, class, NUMA node, IOMMU group) and USB devices, linked from ``sys/bus/*/devices`` like the
+real one. Unix socket paths are limited to 107 bytes, so :func:`short_tempdir` makes directories directly under the
+system temporary directory rather than in a deep per-test path.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import shutil
 import stat
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-from deviceplugin.config import Config
-from deviceplugin.kubeletstub import Endpoint, FakeKubelet, Listing
-from deviceplugin.plugin import DevicePlugin, create
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
-from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
-from nodeplug.plugin import AgentContext
 
 
 def short_tempdir(prefix: str = "npdp-") -> Path:
@@ -100,75 +88,8 @@ class FakeHost:
         (d / "uevent").write_text(f"MAJOR=188\nMINOR=0\nDEVNAME={tty}\n")
 
 
-class Harness:
-    """The plugin on a temporary agent root, a kubelet stand-in on its kubelet.sock, and a fake host."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.fake = FakeHost(base / "host")
-        self.host = self.fake.root
-        self.ctx = AgentContext(root=Root(base / "root"))
-        self.plugin_dir = self.ctx.root(DEVICE_PLUGIN_DIR)
-        self.cdi_dir = self.ctx.root(CDI_DIR)
-        self.kubelet = FakeKubelet(self.plugin_dir)
-        self.plugin: DevicePlugin | None = None
-
-    def mknod(self, host_path: str) -> Path:
-        return self.fake.node(host_path)
-
-    def config(self, resources: list[dict[str, Any]], **kw: Any) -> Config:
-        return Config.model_validate({"host_root": str(self.host), "resources": resources, **kw})
-
-    async def start(self, cfg: Config, kubelet: bool = True) -> DevicePlugin:
-        if kubelet:
-            await self.kubelet.start()
-        self.plugin = create(cfg, self.ctx)
-        await self.plugin.start()
-        return self.plugin
-
-    async def ep(self, name: str, after: int = 0) -> Endpoint:
-        return await self.kubelet.wait_registered(f"nodeplug.io/{name}", after=after)
-
-    async def close(self) -> None:
-        try:
-            if self.plugin is not None:
-                await self.plugin.stop(0)
-            await self.kubelet.stop()
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
-async def harness() -> AsyncIterator[Harness]:
-    """A :class:`Harness` in a fresh :func:`short_tempdir`, closed on exit; then no task of it may be left."""
-    h = Harness(short_tempdir())
-    try:
-        yield h
-    finally:
-        await h.close()
-    await assert_no_tasks_left()
-
-
 def alloc(*containers: list[str]) -> api_pb2.AllocateRequest:
     """An Allocate request with one container request per list of device IDs."""
     return api_pb2.AllocateRequest(
         container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=c) for c in containers]
     )
-
-
-def ids(listing: Listing) -> list[str]:
-    return [d[0] for d in listing]
-
-
-def health(listing: Listing) -> dict[str, str]:
-    return {d[0]: d[1] for d in listing}
-
-
-async def assert_no_tasks_left(grace: float = 2.0) -> None:
-    """Fail if a task outlives the plugin; tasks that are merely finishing (a closed gRPC call delivering its final
-    status) get ``grace`` seconds to end first, while a leaked loop never would."""
-    current = asyncio.current_task()
-    pending = [t for t in asyncio.all_tasks() if t is not current]
-    if pending:
-        _done, still = await asyncio.wait(pending, timeout=grace)
-        assert not still, f"tasks left behind: {sorted(still, key=id)}"

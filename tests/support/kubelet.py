@@ -1,9 +1,10 @@
-"""A kubelet stand-in for tests, the benchmark and local demos: the ``Registration`` service on ``kubelet.sock``.
+"""A kubelet stand-in for the tests and the benchmark: the ``Registration`` service on ``kubelet.sock``.
 
-It does what kubelet's device manager does with a registering plugin: records the request, dials the plugin's
-socket (``<plugin dir>/<endpoint>``), reads ``GetDevicePluginOptions`` and keeps a ``ListAndWatch`` stream open,
-recording every listing it receives. Tests then call Allocate / GetPreferredAllocation through :meth:`stub`.
-:meth:`restart` behaves like a kubelet restart: stop, wipe the directory, serve a new ``kubelet.sock``.
+It does what kubelet's device manager does with a registering plugin: checks the request as kubelet does, dials the
+plugin's socket (``<plugin dir>/<endpoint>``), reads ``GetDevicePluginOptions`` and keeps a ``ListAndWatch`` stream
+open, recording every listing it receives. Tests then call Allocate / GetPreferredAllocation through the endpoint's
+``stub``. :meth:`FakeKubelet.restart` behaves like a kubelet restart: stop, wipe the directory, serve a new
+``kubelet.sock``. Waiting is event-driven: every registration, listing and stream end wakes the waiters.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc import aio
@@ -22,6 +22,27 @@ from grpc import aio
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 Listing = list[tuple[str, str, tuple[int, ...]]]  # (ID, health, NUMA nodes) per device, as received
+Context = aio.ServicerContext[api_pb2.RegisterRequest, api_pb2.Empty]
+
+
+class Changes:
+    """Wakes every waiter when something changed; waiters re-check their condition (no polling)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def until(self, ready: Callable[[], bool], timeout: float, what: Callable[[], str]) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what()} within {timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), left)
 
 
 @dataclass
@@ -30,12 +51,12 @@ class Endpoint:
 
     request: api_pb2.RegisterRequest
     channel: aio.Channel
-    stub: api_pb2_grpc.DevicePluginStub
+    stub: api_pb2_grpc.DevicePluginAsyncStub
     options: api_pb2.DevicePluginOptions | None = None
     listings: list[Listing] = field(default_factory=list)
     listing_times: list[float] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changes: Changes = field(default_factory=Changes)
     stream_ended: bool = False
 
     @property
@@ -43,25 +64,21 @@ class Endpoint:
         return self.listings[-1] if self.listings else []
 
     async def wait_listing(self, pred: Callable[[Listing], bool], timeout: float = 5.0) -> Listing:
-        """Wait until a received listing satisfies ``pred`` (called with the listing); return that listing."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.listings and pred(self.latest):
-                return self.latest
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no matching listing within {timeout}s; latest: {self.latest}")
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+        """Wait until the latest listing satisfies ``pred`` (called with the listing); return that listing."""
+        await self.changes.until(
+            lambda: bool(self.listings) and pred(self.latest), timeout, lambda: f"no matching listing; {self.latest}"
+        )
+        return self.latest
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
 
-    async def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
+    async def Register(self, request: api_pb2.RegisterRequest, context: Context) -> api_pb2.Empty:
         arrived = time.perf_counter()
+        self.kubelet.attempts.append(request)
+        self.kubelet.changes.notify()
         if self.kubelet.reject is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.reject)
         # the checks kubelet's device manager makes before it dials the plugin
@@ -77,20 +94,23 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
 
 
 class FakeKubelet:
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, interceptors: Sequence[aio.ServerInterceptor] = ()) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.socket = self.plugin_dir / "kubelet.sock"
-        self.requests: list[api_pb2.RegisterRequest] = []
+        self.interceptors = list(interceptors)
+        self.attempts: list[api_pb2.RegisterRequest] = []  # every Register call, rejected ones too
+        self.requests: list[api_pb2.RegisterRequest] = []  # the accepted ones
         self.request_times: list[float] = []  # when each of ``requests`` arrived
         self.endpoints: dict[str, Endpoint] = {}
         self.reject: str | None = None
+        self.changes = Changes()
         self._server: aio.Server | None = None
 
     async def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        server = aio.server()
+        server = aio.server(interceptors=self.interceptors)
         api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()
@@ -133,30 +153,31 @@ class FakeKubelet:
         self.endpoints[request.resource_name] = ep
         self.requests.append(request)
         self.request_times.append(arrived)
+        self.changes.notify()
 
     async def _watch(self, ep: Endpoint) -> None:
         try:
             async for resp in ep.stub.ListAndWatch(api_pb2.Empty()):
                 ep.listings.append([(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in resp.devices])
                 ep.listing_times.append(time.perf_counter())
-                ep.changed.set()
+                ep.changes.notify()
+                self.changes.notify()
         except aio.AioRpcError:
             pass
         finally:
             ep.stream_ended = True
-            ep.changed.set()
+            ep.changes.notify()
 
     async def wait_registered(self, resource_name: str, timeout: float = 5.0, after: int = 0) -> Endpoint:
-        """The endpoint of ``resource_name`` once it has registered more than ``after`` times in total."""
-        deadline = time.monotonic() + timeout
-        while True:
+        """The endpoint of ``resource_name`` once it has registered more than ``after`` times in total and its first
+        listing has arrived."""
+
+        def ready() -> bool:
             ep = self.endpoints.get(resource_name)
-            if ep is not None and self.count(resource_name) > after and ep.listings:
-                return ep
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{resource_name} did not register within {timeout}s")
-            await asyncio.sleep(0.005)
+            return ep is not None and self.count(resource_name) > after and bool(ep.listings)
+
+        await self.changes.until(ready, timeout, lambda: f"{resource_name} did not register")
+        return self.endpoints[resource_name]
 
     def count(self, resource_name: str) -> int:
         return sum(1 for r in self.requests if r.resource_name == resource_name)

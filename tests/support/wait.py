@@ -1,0 +1,17 @@
+"""Waiting in tests without sleeping a guessed time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    """Wait until ``cond()`` holds, for state that announces no change (a file, a counter in the plugin): checked
+    every few milliseconds, failing after ``timeout`` (a deadlock breaker, not a speed requirement)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.005)
