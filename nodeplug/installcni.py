@@ -23,9 +23,8 @@ copied, and nothing else.
 
 Reference plugins: container runtimes exec ``loopback`` for every pod sandbox (containerd's CRI fails the sandbox
 without it) and a conflist may chain ``portmap``. When the bin dir lacks them they are copied from
-``--reference-plugins`` (the image's Debian containernetworking-plugins, ``/usr/lib/cni``), atomically, and their
-hashes are recorded in ``.nodeplug-reference-plugins.json`` beside them: a copy is only ever replaced or removed while it is
-still exactly the one recorded, so a host's own ``loopback`` or ``portmap`` is never overwritten.
+``--reference-plugins`` (the image's Debian containernetworking-plugins, ``/usr/lib/cni``) by
+:mod:`nodeplug.refplugins`, which never overwrites or removes a host's own copy.
 
 The conflist is generated from the flags (bridge, subnets or the cluster network's node subnets, masquerade) or taken
 from ``--conflist-file``; either way every nodeplug plugin in it is checked with the same parser the entry point uses

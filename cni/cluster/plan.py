@@ -24,6 +24,7 @@ restarted agent leaves correct entries alone and traffic never pauses.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
@@ -80,8 +81,27 @@ class Changes(NamedTuple):
         return sum(len(x) for x in self)
 
 
-def _overlaps(a: IPNetwork, b: IPNetwork) -> bool:
-    return a.version == b.version and a.overlaps(b)
+class _Claims:
+    """Pod networks already given out, per family as sorted disjoint intervals: an overlap test costs a bisection,
+    so a plan for thousands of nodes stays linear."""
+
+    def __init__(self) -> None:
+        self._starts: dict[int, list[int]] = {4: [], 6: []}
+        self._spans: dict[int, list[tuple[int, int, str]]] = {4: [], 6: []}
+
+    def owner_overlapping(self, net: IPNetwork) -> str | None:
+        lo, hi = int(net.network_address), int(net.broadcast_address)
+        starts, spans = self._starts[net.version], self._spans[net.version]
+        at = bisect.bisect_right(starts, hi)  # spans[at-1] is the last one starting at or before hi
+        if at and spans[at - 1][1] >= lo:
+            return spans[at - 1][2]
+        return None
+
+    def add(self, net: IPNetwork, owner: str) -> None:
+        lo, hi = int(net.network_address), int(net.broadcast_address)
+        at = bisect.bisect_left(self._starts[net.version], lo)
+        self._starts[net.version].insert(at, lo)
+        self._spans[net.version].insert(at, (lo, hi, owner))
 
 
 def _direct_gateway(local: Local, peer: NodeInfo, version: int) -> tuple[IPAddress | None, str]:
@@ -110,7 +130,10 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
     state = State.empty()
     paths: dict[tuple[str, int], str] = {}
     unrouted: dict[tuple[str, int], str] = {}
-    claimed: list[tuple[IPNetwork, str]] = [(c, local.name) for c in local.pod_cidrs]
+    claimed = _Claims()
+    for c in local.pod_cidrs:
+        if claimed.owner_overlapping(c) is None:
+            claimed.add(c, local.name)
     mac_owner: dict[str, str] = {}
     for peer in sorted(nodes, key=lambda n: n.name):
         if peer.name == local.name:
@@ -121,7 +144,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
             vtep = None
         for cidr in peer.pod_cidrs:
             key = (peer.name, cidr.version)
-            clash = next((owner for c, owner in claimed if _overlaps(c, cidr)), None)
+            clash = claimed.owner_overlapping(cidr)
             if clash is not None:
                 unrouted[key] = f"podCIDR {cidr} overlaps node {clash}'s"
                 continue
@@ -140,7 +163,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
                     f"{direct_why}, and {vxlan_why}"
                 )  # fmt: skip
                 continue
-            claimed.append((cidr, peer.name))
+            claimed.add(cidr, peer.name)
     return Desired(state, paths, unrouted)
 
 

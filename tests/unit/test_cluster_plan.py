@@ -187,3 +187,21 @@ def test_subnets_reader_never_raises_anything_but_subnets_error(doc: Any) -> Non
         except SubnetsError:
             return
         assert got is not None and isinstance(got.node, str) and len(got.pod_cidrs) <= 2
+
+
+nets = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(0, 2**32 - 1), st.integers(8, 30))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(nets, max_size=30))
+def test_claims_agree_with_pairwise_overlap(candidates: list[ipaddress.IPv4Network]) -> None:
+    from cni.cluster.plan import _Claims
+
+    claims, kept = _Claims(), []
+    for n in candidates:
+        brute = next((str(k) for k in kept if k.overlaps(n)), None)
+        got = claims.owner_overlapping(n)
+        assert (got is None) == (brute is None)
+        if got is None:
+            claims.add(n, str(n))
+            kept.append(n)
