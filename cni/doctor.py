@@ -139,12 +139,14 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
 
         return await peers_routed(section.cluster, ctx.kube, ctx.node_name)
 
-    return [
-        Check("cni", "peer pod subnets routed as the mode says", cluster),
+    checks = [
         Check("cni", "entry point VERSION", entry_version),
         Check("cni", "STATUS via the agent", status),
         Check("cni", f"ADD/ping/DEL on {ipaddress.ip_network(section.doctor_subnet)} via the agent", attach),
     ]
+    if ctx.kube is not None:  # the cluster network runs only with a Kubernetes API
+        checks.append(Check("cni", "peer pod subnets routed as the mode says", cluster))
+    return checks
 
 
 async def _bridge_exists(name: str) -> bool:

@@ -149,26 +149,44 @@ class Api:
 
     def __init__(self, ns: Netns, host: str, port: int, token: str = ADMIN_TOKEN) -> None:
         self.ns, self.host, self.port, self.token = ns, host, port, token
+        self._conn: http.client.HTTPSConnection | None = None
         self.ctx = ssl.create_default_context()
         self.ctx.check_hostname = False
         self.ctx.verify_mode = ssl.CERT_NONE
 
     def request(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
+        """One request over a kept-alive connection (made again when the server closed it)."""
+
         def go() -> tuple[int, Any]:
-            conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=10)
-            try:
-                data = json.dumps(body).encode() if body is not None else None
-                headers = {"Authorization": f"Bearer {self.token}", "Content-Type": ctype, "Accept": "application/json"}
-                conn.request(method, path, data, headers)
-                resp = conn.getresponse()
-                raw = resp.read()
-                if "json" not in (resp.getheader("Content-Type") or ""):
-                    return resp.status, raw.decode(errors="replace")
-                return resp.status, json.loads(raw) if raw else None
-            finally:
-                conn.close()
+            data = json.dumps(body).encode() if body is not None else None
+            headers = {"Authorization": f"Bearer {self.token}", "Content-Type": ctype, "Accept": "application/json"}
+            for attempt in (1, 2):
+                if self._conn is None:
+                    self._conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=10)
+                try:
+                    self._conn.request(method, path, data, headers)
+                    resp = self._conn.getresponse()
+                    raw = resp.read()
+                    break
+                except (OSError, http.client.HTTPException):
+                    self._conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise
+            if "json" not in (resp.getheader("Content-Type") or ""):
+                return resp.status, raw.decode(errors="replace")
+            return resp.status, json.loads(raw) if raw else None
 
         return self.ns.call(go)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        def go() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        with contextlib.suppress(Exception):
+            self.ns.call(go)
 
     def ok(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
         status, doc = self.request(method, path, body, ctype)
@@ -204,11 +222,18 @@ class ControlPlane:
     def __init__(self, ns: Netns, work: Path, bin_dir: Path) -> None:
         self.ns, self.work, self.bin = ns, work, bin_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.apis: list[Api] = []
         work.mkdir(parents=True, exist_ok=True)
         sh("openssl", "genrsa", "-out", str(work / "sa.key"), "2048")
         sh("openssl", "rsa", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub"))
         (work / "tokens.csv").write_text(f"{ADMIN_TOKEN},lab-admin,lab-admin,system:masters\n")
-        self.api = Api(ns, CP_ADDR, 6443)
+        self.api = self.client(6443)
+
+    def client(self, port: int = 6443, token: str = ADMIN_TOKEN) -> Api:
+        """An API client from inside the control-plane netns (closed with the control plane)."""
+        api = Api(self.ns, CP_ADDR, port, token)
+        self.apis.append(api)
+        return api
 
     def start_etcd(self) -> None:
         data = self.work / "etcd"
@@ -233,7 +258,7 @@ class ControlPlane:
             "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none", "--v=1",
         ]  # fmt: skip
         self.procs[name] = self.ns.popen(argv, self.work / f"{name}.log")
-        api = Api(self.ns, CP_ADDR, port)
+        api = self.api if port == 6443 and hasattr(self, "api") else self.client(port)
         deadline = time.monotonic() + 120
         while not api.ready():
             if self.procs[name].poll() is not None:
@@ -253,6 +278,8 @@ class ControlPlane:
         return self.work / f"certs-{name}" / "apiserver.crt"
 
     def close(self) -> None:
+        for api in self.apis:
+            api.close()
         for name in [n for n in self.procs if n != "etcd"] + ["etcd"]:
             self.stop(name)
 

@@ -357,11 +357,9 @@ def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) ->
 
 
 def test_the_agents_token_may_change_only_its_own_nodes_nodeplug_annotations(lab: Lab) -> None:
-    from clusterlab import CP_ADDR, Api
-
     assert lab.cp is not None
     n1 = lab.nodes[0]
-    agent = Api(lab.cp.ns, CP_ADDR, 6443, token=n1.token)
+    agent = lab.cp.client(token=n1.token)
     merge = "application/merge-patch+json"
     assert agent.request("GET", "/api/v1/nodes")[0] == 200
     ok = agent.request(
