@@ -1,5 +1,7 @@
 """``nodeplug doctor`` checks for the CNI plugin.
 
+- with a Kubernetes API (the cluster network): every peer node's pod subnet is routed the way the mode says
+  (:mod:`cni.cluster.check`);
 - the entry point installed in the CNI bin dir answers VERSION (and how long it takes);
 - when the agent serves its CNI socket: STATUS on a throw-away network, then a real attachment acting as the runtime
   (ADD into a temporary netns, ping the gateway from it, DEL) and the lease freed afterwards. The throw-away network
@@ -132,11 +134,19 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
             with contextlib.suppress(CommandError):
                 await arun(["ip", "link", "delete", section.doctor_bridge], timeout=10)
 
-    return [
+    async def cluster() -> str:
+        from cni.cluster.check import peers_routed
+
+        return await peers_routed(section.cluster, ctx.kube, ctx.node_name)
+
+    checks = [
         Check("cni", "entry point VERSION", entry_version),
         Check("cni", "STATUS via the agent", status),
         Check("cni", f"ADD/ping/DEL on {ipaddress.ip_network(section.doctor_subnet)} via the agent", attach),
     ]
+    if ctx.kube is not None:  # the cluster network runs only with a Kubernetes API
+        checks.append(Check("cni", "peer pod subnets routed as the mode says", cluster))
+    return checks
 
 
 async def _bridge_exists(name: str) -> bool:

@@ -67,12 +67,18 @@ class RangeConf(NamedTuple):
 
 
 class IpamConf(NamedTuple):
-    """The built-in IPAM's section (``"ipam": {"type": "nodeplug", ...}``); one address is leased per range set."""
+    """The built-in IPAM's section (``"ipam": {"type": "nodeplug", ...}``); one address is leased per range set.
+
+    With ``nodeSubnets`` (a file the agent writes, :mod:`cni.cluster.subnets`) the ranges are this node's podCIDRs;
+    ``no_ranges`` then says why there are none (ADD and STATUS fail with it), and ``mtu`` is the pod MTU the agent
+    chose for the cluster network."""
 
     ranges: tuple[tuple[RangeConf, ...], ...]
     routes: tuple[Route, ...] = ()
     data_dir: str = DEFAULT_DATA_DIR
     dns: DNS = DNS()
+    no_ranges: str = ""
+    mtu: int | None = None
 
 
 class BridgeConf(NamedTuple):
@@ -210,11 +216,49 @@ def _overlap(a: RangeConf, b: RangeConf) -> bool:
     )
 
 
+def _node_subnets(path: Any, where: str) -> tuple[list[list[dict[str, str]]], str, int | None]:
+    """Range sets from the agent's subnets file (one per podCIDR), or why there are none, and the pod MTU."""
+    from cni.cluster import subnets
+
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise _bad(f"{where}.nodeSubnets", "an absolute path to the file the agent writes", path)
+    try:
+        got = subnets.read(path)
+    except subnets.SubnetsError as e:
+        return [], f"this node's pod subnets are unreadable: {e}", None
+    if got is None:
+        return (
+            [],
+            (
+                f"no pod subnet for this node yet: {path} is missing. The nodeplug agent writes it from the Node's "
+                "spec.podCIDRs once it has reached the API server: check that the agent runs and can reach it"
+            ),
+            None,
+        )
+    if not got.pod_cidrs:
+        return (
+            [],
+            (
+                f"node {got.node} has no pod subnet: its spec.podCIDRs is empty. Run kube-controller-manager with "
+                f"--allocate-node-cidrs --cluster-cidr=..., or set it: kubectl patch node {got.node} -p "
+                '\'{"spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24"]}}\''
+            ),
+            got.mtu,
+        )
+    return [[{"subnet": c}] for c in got.pod_cidrs], "", got.mtu
+
+
 def parse_ipam(d: Mapping[str, Any], where: str = "ipam") -> IpamConf:
-    """The ``ipam`` section when its type is ``nodeplug``; host-local's single-range shorthand is accepted."""
+    """The ``ipam`` section when its type is ``nodeplug``; host-local's single-range shorthand is accepted, and
+    ``nodeSubnets`` (this node's podCIDRs, from the agent) in place of ``ranges``."""
     raw_sets = d.get("ranges")
     if raw_sets is None and "subnet" in d:
         raw_sets = [[{k: d[k] for k in ("subnet", "rangeStart", "rangeEnd", "gateway") if k in d}]]
+    no_ranges, mtu = "", None
+    if raw_sets is None and "nodeSubnets" in d:
+        raw_sets, no_ranges, mtu = _node_subnets(d["nodeSubnets"], where)
+        if not raw_sets:
+            return IpamConf((), (), _data_dir(d, where), DNS.from_dict(d.get("dns"), f"{where}.dns"), no_ranges, mtu)
     if not isinstance(raw_sets, list) or not raw_sets:
         raise _bad(f"{where}.ranges", 'a non-empty list of range sets like [[{"subnet": "10.22.0.0/16"}]]', raw_sets)
     sets: list[tuple[RangeConf, ...]] = []
@@ -240,10 +284,15 @@ def parse_ipam(d: Mapping[str, Any], where: str = "ipam") -> IpamConf:
     if not isinstance(raw_routes, list):
         raise _bad(f"{where}.routes", "a list of routes", raw_routes)
     routes = tuple(Route.from_dict(r, f"{where}.routes[{k}]") for k, r in enumerate(raw_routes))
+    dns = DNS.from_dict(d.get("dns"), f"{where}.dns")
+    return IpamConf(tuple(sets), routes, _data_dir(d, where), dns, no_ranges, mtu)
+
+
+def _data_dir(d: Mapping[str, Any], where: str) -> str:
     data_dir = _get_str(d, "dataDir", f"{where}.", DEFAULT_DATA_DIR)
     if not data_dir.startswith("/"):
         raise _bad(f"{where}.dataDir", "an absolute path", data_dir)
-    return IpamConf(tuple(sets), routes, data_dir, DNS.from_dict(d.get("dns"), f"{where}.dns"))
+    return data_dir
 
 
 # ---------------------------------------------------------------- top level
@@ -336,12 +385,16 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
     agent_timeout = d.get("agentTimeout", DEFAULT_AGENT_TIMEOUT)
     if not agent_timeout_ok(agent_timeout):
         raise _bad("agentTimeout", "a number of seconds above 0 and at most 60", agent_timeout)
+    ipam_conf = parse_ipam(ipam) if ipam_type == PLUGIN_TYPE else None
+    mtu = _get_int(d, "mtu", 68, 65535)
+    if mtu is None and ipam_conf is not None:
+        mtu = ipam_conf.mtu  # the cluster network's pod MTU (overlay overhead accounted for), unless set here
     return BridgeConf(
         name=name,
         cni_version=version,
         type=_get_str(d, "type", "", PLUGIN_TYPE),
         bridge=bridge,
-        mtu=_get_int(d, "mtu", 68, 65535),
+        mtu=mtu,
         is_gateway=_get_bool(d, "isGateway") or is_default_gateway,
         is_default_gateway=is_default_gateway,
         force_address=_get_bool(d, "forceAddress"),
@@ -350,7 +403,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
         promisc_mode=_get_bool(d, "promiscMode"),
         vlan=_get_int(d, "vlan", 0, 4094),
         ipam=ipam,
-        ipam_conf=parse_ipam(ipam) if ipam_type == PLUGIN_TYPE else None,
+        ipam_conf=ipam_conf,
         dns=DNS.from_dict(d.get("dns")),
         socket=socket,
         agent_timeout=float(agent_timeout),

@@ -9,6 +9,10 @@ Warm state is the point: pyroute2 is imported and the SQLite stores stay open be
 caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
 
 Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
+
+When the agent follows a Kubernetes API (``ctx.kube``) and ``cluster.enabled``, the cluster pod network
+(:mod:`cni.cluster.network`) runs beside the server and joins its readiness: not ready while this node has no pod
+subnet to hand out.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ class CniPlugin:
         self._table: dict[str, Any] = {}
         self._locks = _KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.cluster: Any = None  # cni.cluster.network.ClusterNetwork when the cluster network runs
+        self._cluster_metrics: Any = None
         self.requests = Counter(
             "nodeplug_cni_requests",
             "CNI invocations served in thick mode, by command and CNI result code (0 for success).",
@@ -99,8 +105,24 @@ class CniPlugin:
         self._server = await asyncio.start_unix_server(self._accept, path=str(self.path), backlog=1024)
         os.chmod(self.path, 0o600)
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
+        await self._start_cluster()
+
+    async def _start_cluster(self) -> None:
+        cfg = self.section.cluster
+        if self.ctx.kube is None or not cfg.enabled:
+            return
+        from cni.cluster.network import ClusterNetwork, Metrics
+
+        if self._cluster_metrics is None:
+            self._cluster_metrics = Metrics(self.ctx.metrics.registry)
+        path = self.ctx.root(cfg.subnets_file)
+        self.cluster = ClusterNetwork(cfg, self.ctx.kube, self.ctx.node_name, path, self.log, self._cluster_metrics)
+        await self.cluster.start()
 
     async def stop(self, grace: float) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            await cluster.stop()  # the kernel keeps its routes: a restarted agent finds them and leaves them be
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -126,6 +148,9 @@ class CniPlugin:
     def readiness(self) -> Readiness:
         if self._server is None or not self._server.is_serving():
             return Readiness(False, f"not serving {self.path}")
+        if self.cluster is not None:
+            ready, detail = self.cluster.readiness()
+            return Readiness(ready, f"serving {self.path}; cluster network: {detail}")
         return Readiness(True, f"serving {self.path}")
 
     async def reload(self, section: Any) -> None:
@@ -136,6 +161,12 @@ class CniPlugin:
             await self.stop(grace=5.0)
             self.path = Path(self.ctx.root(section.socket))
             await self.start()
+        elif old.cluster != section.cluster:
+            self.log.info("restarting the cluster network for the new config", mode=section.cluster.mode)
+            if self.cluster is not None:
+                cluster, self.cluster = self.cluster, None
+                await cluster.stop()
+            await self._start_cluster()
 
     # ------------------------------------------------------------ serving
 

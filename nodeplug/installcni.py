@@ -18,10 +18,19 @@ per node and replaces it without surge.
 
 It never touches files it did not write: an existing ``nodeplug`` that is not a symlink into ``nodeplug.d/``, or a
 conflist of that name without a ``"type": "nodeplug"`` plugin, stops the install with an error (``--force`` takes
-them over). ``--uninstall`` removes exactly the symlink, ``nodeplug.d/`` and our conflist, and nothing else.
+them over). ``--uninstall`` removes exactly the symlink, ``nodeplug.d/``, our conflist and the reference plugins it
+copied, and nothing else.
 
-The conflist is generated from the flags (bridge, subnets, masquerade) or taken from ``--conflist-file``; either way
-every nodeplug plugin in it is checked with the same parser the entry point uses before the host is touched.
+Reference plugins: container runtimes exec ``loopback`` for every pod sandbox (containerd's CRI fails the sandbox
+without it) and a conflist may chain ``portmap``. When the bin dir lacks them they are copied from
+``--reference-plugins`` (the image's Debian containernetworking-plugins, ``/usr/lib/cni``) by
+:mod:`nodeplug.refplugins`, which never overwrites or removes a host's own copy.
+
+The conflist is generated from the flags (bridge, subnets or the cluster network's node subnets, masquerade) or taken
+from ``--conflist-file``; either way every nodeplug plugin in it is checked with the same parser the entry point uses
+before the host is touched. ``--cluster-network`` makes the conflist of the cluster pod network: IPAM ranges from this
+node's podCIDRs (``ipam.nodeSubnets``, the file the agent keeps) and no per-pod masquerade (the agent masquerades
+traffic leaving the cluster CIDRs, so pod-to-pod traffic keeps its source address).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeplug import commands
+from nodeplug import commands, refplugins
 from nodeplug.fsutil import fsync_dir, write_atomic
 from nodeplug.paths import CNI_BIN_DIR, CNI_CONF_DIR, Root
 
@@ -53,6 +62,7 @@ DEFAULT_CONFLIST = "10-nodeplug.conflist"
 DEFAULT_NETWORK = "nodeplug"
 DEFAULT_BRIDGE = "nodeplug0"
 DEFAULT_SUBNET = "10.222.0.0/16"
+DEFAULT_NODE_SUBNETS = "/var/lib/nodeplug/cluster/subnets.json"
 DEFAULT_CNI_VERSION = "1.0.0"
 CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 SMOKE_TIMEOUT = 20.0
@@ -161,15 +171,22 @@ def _subnet(text: str) -> str:
 
 
 def generate_conflist(args: argparse.Namespace) -> dict[str, Any]:
-    """The conflist for the flags: nodeplug as the main plugin with its own IPAM, one range set per subnet."""
+    """The conflist for the flags: nodeplug as the main plugin with its own IPAM, one range set per subnet (or, for
+    the cluster network, per podCIDR of the node)."""
+    if args.cluster_network:
+        if args.subnet:
+            raise InputError("--subnet and --cluster-network exclude each other (the node's podCIDRs are its subnets)")
+        ipam: dict[str, Any] = {"type": PLUGIN_TYPE, "nodeSubnets": args.node_subnets}
+    else:
+        ipam = {"type": PLUGIN_TYPE, "ranges": [[{"subnet": s}] for s in (args.subnet or [DEFAULT_SUBNET])]}
     plugin: dict[str, Any] = {
         "type": PLUGIN_TYPE,
         "bridge": args.bridge,
         "isGateway": True,
         "isDefaultGateway": True,
-        "ipMasq": args.ip_masq,
+        "ipMasq": args.ip_masq and not args.cluster_network,
         "hairpinMode": True,
-        "ipam": {"type": PLUGIN_TYPE, "ranges": [[{"subnet": s}] for s in (args.subnet or [DEFAULT_SUBNET])]},
+        "ipam": ipam,
     }
     if args.mtu is not None:
         plugin["mtu"] = args.mtu
@@ -177,7 +194,10 @@ def generate_conflist(args: argparse.Namespace) -> dict[str, Any]:
         plugin["socket"] = args.socket
     if args.ipam_data_dir is not None:
         plugin["ipam"]["dataDir"] = args.ipam_data_dir
-    return {"cniVersion": args.cni_version, "name": args.network_name, "plugins": [plugin]}
+    plugins = [plugin]
+    if args.portmap:
+        plugins.append({"type": "portmap", "capabilities": {"portMappings": True}})
+    return {"cniVersion": args.cni_version, "name": args.network_name, "plugins": plugins}
 
 
 def check_conflist(conf: Any, source: str) -> None:
@@ -255,7 +275,8 @@ def _remove_leftovers(layout: Layout) -> None:
     """Temp files and directories of an install that crashed (only names this module makes)."""
     for stale in layout.bundles.glob(".tmp-*") if layout.bundles.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    for pattern, d in ((f".{LINK_NAME}.tmp-*", layout.bin_dir), (f".{layout.conflist_name}.tmp-*", layout.conf_dir)):
+    patterns = [(f".{n}.tmp-*", layout.bin_dir) for n in (LINK_NAME, *refplugins.PLUGINS)]
+    for pattern, d in [*patterns, (f".{layout.conflist_name}.tmp-*", layout.conf_dir)]:
         for stale in d.glob(pattern) if d.is_dir() else ():
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
@@ -335,9 +356,10 @@ def install_conflist(
 
 
 def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
-    """Remove the symlink, nodeplug.d/ and our conflist; leave anything that is not ours (and say so)."""
+    """Remove the symlink, nodeplug.d/, our conflist and our copies of the reference plugins; leave anything that is
+    not ours (and say so)."""
     _remove_leftovers(layout)
-    changed = False
+    changed = refplugins.uninstall(layout.bin_dir, layout.bin_dir / refplugins.RECORD, say)
     try:
         if _link_target(layout) is not None:
             layout.link.unlink()
@@ -385,6 +407,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"file name in the config directory; runtimes use the first in lexical order (default {DEFAULT_CONFLIST})",
     )  # fmt: skip
     parser.add_argument("--skip-conflist", action="store_true", help="install the entry point only")
+    parser.add_argument(
+        "--reference-plugins", type=Path, default=Path(refplugins.SOURCE), metavar="DIR",
+        help=f"loopback and portmap are copied from here when the bin dir lacks them (default {refplugins.SOURCE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster-network", action="store_true",
+        help="the cluster pod network's conflist: ranges from this node's podCIDRs, masquerade left to the agent",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-subnets", default=DEFAULT_NODE_SUBNETS, metavar="FILE",
+        help=f"with --cluster-network: where the agent keeps this node's podCIDRs (default {DEFAULT_NODE_SUBNETS})",
+    )  # fmt: skip
+    parser.add_argument("--portmap", action="store_true", help="chain the reference portmap plugin (hostPort)")
     parser.add_argument("--conflist-file", type=Path, help="install this conflist instead of generating one")
     parser.add_argument("--network-name", default=DEFAULT_NETWORK, help=f"network name (default {DEFAULT_NETWORK})")
     parser.add_argument("--cni-version", default=DEFAULT_CNI_VERSION, choices=CNI_VERSIONS, help="conflist cniVersion")
@@ -435,6 +470,7 @@ def run_install(args: argparse.Namespace) -> int:
             conf = generate_conflist(args)
             check_conflist(conf, "generated conflist")
     install_bundle(args.bundle, layout, args.force)
+    refplugins.install(args.reference_plugins, layout.bin_dir, layout.bin_dir / refplugins.RECORD)
     if conf is not None:
         install_conflist(conf, layout, args.force)
     return 0

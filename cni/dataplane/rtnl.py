@@ -66,6 +66,7 @@ from pyroute2.netlink import (  # noqa: E402 - after the package is registered
     NLM_F_CREATE,
     NLM_F_DUMP,
     NLM_F_EXCL,
+    NLM_F_REPLACE,
     NLM_F_REQUEST,
     NLMSG_DONE,
     NLMSG_ERROR,
@@ -74,28 +75,38 @@ from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 from pyroute2.netlink.rtnl import (  # noqa: E402
     RTM_DELADDR,
     RTM_DELLINK,
+    RTM_DELNEIGH,
+    RTM_DELROUTE,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETNEIGH,
     RTM_GETROUTE,
     RTM_NEWADDR,
     RTM_NEWLINK,
+    RTM_NEWNEIGH,
     RTM_NEWROUTE,
     RTM_SETLINK,
 )
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
+from pyroute2.netlink.rtnl.ndmsg import ndmsg  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
-__all__ = [  # what cni.dataplane.nl builds its requests from, and the parsing its tests check
+__all__ = [  # what cni.dataplane.nl (and cni.cluster.kernel) build requests from, and the parsing its tests check
     "NLM_F_CREATE",
     "NLM_F_EXCL",
+    "NLM_F_REPLACE",
     "RTM_DELADDR",
     "RTM_DELLINK",
+    "RTM_DELNEIGH",
+    "RTM_DELROUTE",
     "RTM_GETADDR",
     "RTM_GETLINK",
+    "RTM_GETNEIGH",
     "RTM_GETROUTE",
     "RTM_NEWADDR",
     "RTM_NEWLINK",
+    "RTM_NEWNEIGH",
     "RTM_NEWROUTE",
     "RTM_SETLINK",
     "NetlinkError",
@@ -103,6 +114,7 @@ __all__ = [  # what cni.dataplane.nl builds its requests from, and the parsing i
     "error_of",
     "ifaddrmsg",
     "ifinfmsg",
+    "ndmsg",
     "parse",
     "rtmsg",
 ]

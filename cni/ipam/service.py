@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from cni.errors import INVALID_NETWORK_CONFIG, IPAM_STORE, PLUGIN_NOT_AVAILABLE, CniError
+from cni.errors import INVALID_NETWORK_CONFIG, IPAM_STORE, PLUGIN_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 from cni.ipam import allocator
 from cni.ipam.sqlite import open_store
 from cni.ipam.store import Lease, Store
@@ -60,6 +60,8 @@ def add(
 ) -> tuple[list[IPConfig], bool]:
     """Lease (or find again) the attachment's addresses in one transaction, and whether this call made the lease
     (False: the attachment already held it, so undoing a failed ADD must not release it)."""
+    if not ipam.ranges:  # ranges from the node's podCIDRs, and it has none (yet): never guess one
+        raise CniError(TRY_AGAIN_LATER, details=ipam.no_ranges or "ipam: no ranges")
     with _open(network, ipam, opener).transaction() as txn:
         fresh = not txn.leases_of(container_id, ifname)
         return allocator.allocate(txn, ipam, container_id, ifname, requested), fresh
@@ -106,6 +108,8 @@ def status(network: str, ipam: IpamConf, opener: StoreOpener | None = None) -> l
 
 def require_available(network: str, ipam: IpamConf, opener: StoreOpener | None = None) -> None:
     """STATUS: code 50 unless the store can be written and every range set has an address left."""
+    if not ipam.ranges:
+        raise CniError(PLUGIN_NOT_AVAILABLE, details=ipam.no_ranges or "ipam: no ranges")
     try:
         free = status(network, ipam, opener)
     except CniError as e:

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from cni.cluster.subnets import NodeSubnets
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, bridges, nft"),
@@ -55,6 +57,7 @@ class Node:
         self.root, self.hostns = root, hostns
         self.socket = root / "run/nodeplug/cni.sock"
         self.ipam = root / "var/lib/nodeplug/ipam"
+        self.subnets = root / "var/lib/nodeplug/cluster/subnets.json"
 
     def nsenter(self, *argv: str) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.hostns}", *argv]
@@ -84,10 +87,13 @@ def node(tmp_path: Path, netns: Callable[[], str], bundle: Path) -> Node:
     args = command_of("install-cni")
     args = [a for a in args if not a.startswith("--bundle=")]
     argv = [*args, "--root", str(n.root), "--bundle", str(bundle), "--socket", str(n.socket),
-            "--ipam-data-dir", str(n.ipam)]  # fmt: skip
+            "--ipam-data-dir", str(n.ipam), "--node-subnets", str(n.subnets)]  # fmt: skip
     p = subprocess.run([sys.executable, "-m", "nodeplug.cli", *argv], capture_output=True, text=True, timeout=120,
                        check=False, cwd=REPO)  # fmt: skip
     assert p.returncode == 0, p.stderr
+    # this node's podCIDRs, as the agent keeps them once it has seen its Node (the cluster network)
+    n.subnets.parent.mkdir(parents=True)
+    n.subnets.write_bytes(NodeSubnets("node-a", ("10.94.0.0/24", "fd94::/64"), 1450).dumps())
     return n
 
 
@@ -128,16 +134,23 @@ def test_standalone_then_thick_through_the_installed_bundle(
 ) -> None:
     podns = netns()
     conf = node.network()
-    assert conf["ipMasq"] is True and conf["socket"] == str(node.socket)
+    # the cluster network: no per-pod masquerade (the agent masquerades what leaves the cluster CIDRs)
+    assert conf["ipMasq"] is False and conf["socket"] == str(node.socket)
+    assert conf["ipam"]["nodeSubnets"] == str(node.subnets)
+    if Path("/usr/lib/cni/loopback").exists():  # the image's reference plugins, put where the host has none
+        assert (node.root / "opt/cni/bin/loopback").is_file() and (node.root / "opt/cni/bin/portmap").is_file()
     env = {"CNI_CONTAINERID": "ds-standalone", "CNI_NETNS": f"/run/netns/{podns}", "CNI_IFNAME": "eth0"}
 
-    # No agent yet (the DaemonSet's pod is starting): the bundle does the work itself, nft included.
+    # No agent yet (the DaemonSet's pod is starting): the bundle does the work itself, in this node's podCIDRs.
     code, result = node.cni("ADD", conf, **env)
     assert code == 0, result
-    assert "masquerade" in node.ruleset()
+    assert [ip["address"] for ip in result["ips"]] == ["10.94.0.2/24", "fd94::2/64"]
+    link = json.loads(subprocess.run(["ip", "-n", podns, "-j", "link", "show", "eth0"], capture_output=True,
+                                     text=True, check=True, timeout=10).stdout)[0]  # fmt: skip
+    assert link["mtu"] == 1450
+    assert "masquerade" not in node.ruleset()
     code, out = node.cni("DEL", {**conf, "prevResult": result}, **env)
     assert code == 0, out
-    assert "masquerade" not in node.ruleset()
 
     # The agent container is up: the same calls are served by it.
     log_path, _ = request.getfixturevalue("agent")

@@ -29,6 +29,8 @@ CLUSTER_SCOPED = {
     "VolumeSnapshotClass",
     "PriorityClass",
     "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -176,8 +178,12 @@ def test_rbac_binds_the_pods_service_account_without_wildcards_or_secrets(
         ("", "pods", "get"),
         ("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "update"),
         ("", "events", "create"),
+        # the agent's cluster network: every Node read, its own Node's annotations patched (narrowed by the policy)
+        ("", "nodes", "watch"),
+        ("", "nodes", "patch"),
     }
     assert needed <= granted, needed - granted
+    assert not {g for g in granted if g[1] in ("nodes", "nodes/status") and g[2] in ("update", "delete", "create")}
     # Not needed: no attacher, no leader election.
     assert not {g for g in granted if g[1] in ("volumeattachments", "leases", "endpoints")}
     capacity = roles[("Role", "nodeplug-external-provisioner-capacity")]

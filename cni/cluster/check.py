@@ -1,0 +1,87 @@
+"""``nodeplug doctor``: is every peer node's pod subnet routed the way the mode says?
+
+An independent look, not the agent's own account: the Nodes are listed from the API server here, the plan is
+computed from them (:mod:`cni.cluster.plan`) and compared with what this node's kernel holds
+(:mod:`cni.cluster.kernel`).
+A missing or wrong route, FDB or neighbour entry, or a peer the mode cannot route, fails the check naming the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cni.cluster import kernel
+from cni.cluster.config import ClusterConfig
+from cni.cluster.model import NodeInfo, Vtep, parse_node
+from cni.cluster.plan import Local, desired
+from cni.dataplane.nl import links
+from nodeplug.checks import CheckFailed, CheckSkipped
+from nodeplug.kube import KubeClient, KubeError
+
+
+async def list_nodes(kube: KubeClient) -> list[NodeInfo]:
+    nodes: list[NodeInfo] = []
+    params = {"limit": "500"}
+    while True:
+        page = await kube.get_json("/api/v1/nodes", params)
+        nodes += [n for obj in page.get("items") or () if isinstance(obj, dict) and (n := parse_node(obj))]
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return nodes
+        params["continue"] = str(token)
+
+
+def _compare(cfg: ClusterConfig, node: str, nodes: list[NodeInfo]) -> tuple[list[str], dict[str, int]]:
+    from cni.dataplane.rtnl import Rtnl
+
+    own = next((n for n in nodes if n.name == node), None)
+    if own is None:
+        raise CheckFailed(f"node {node} is not in the API server (check --node-name)")
+    nl = Rtnl()
+    try:
+        vx = kernel.vxlan_index(nl) if cfg.mode != "direct" else None
+        vtep = None
+        if vx is not None and own.internal_ips:
+            mac = next(str(m.get("IFLA_ADDRESS")) for m in links(nl) if int(m["index"]) == vx)
+            vtep = Vtep(mac, own.internal_ips[0])
+        exclude = [c for n in nodes for c in n.pod_cidrs]
+        connected = kernel.connected(nl, exclude, [vx] if vx is not None else [])
+        want = desired(Local(node, own.pod_cidrs, tuple(connected), vtep), nodes, cfg.mode)
+        have = kernel.read_owned(nl, cfg.route_protocol, vx).state
+    finally:
+        nl.close()
+    problems = [f"{peer} IPv{v}: not routed ({why})" for (peer, v), why in sorted(want.unrouted.items())]
+    owner = {r.dst: peer for (peer, v), _ in want.paths.items() for r in want.state.routes.values()
+             if (n := next((x for x in nodes if x.name == peer), None)) and r.dst in n.pod_cidrs}  # fmt: skip
+    for dst, r in sorted(want.state.routes.items(), key=lambda kv: str(kv[0])):
+        got = have.routes.get(dst)
+        if got != r:
+            what = "missing" if got is None else f"via {got.gateway}{' on the VXLAN device' if got.vxlan else ''}"
+            path = f"{r.gateway}{' on the VXLAN device' if r.vxlan else ''}"
+            problems.append(f"{owner.get(dst, '?')}: route to {dst} {what}, want via {path}")
+    for mac, under in want.state.fdb.items():
+        if have.fdb.get(mac) != under:
+            problems.append(f"FDB entry {mac} -> {under} missing")
+    for hop, mac in want.state.neigh.items():
+        if have.neigh.get(hop) != mac:
+            problems.append(f"neighbour {hop} -> {mac} missing")
+    counts = {p: sum(1 for x in want.paths.values() if x == p) for p in ("direct", "vxlan")}
+    return problems, counts
+
+
+async def peers_routed(cfg: ClusterConfig, kube: KubeClient | None, node: str) -> str:
+    if kube is None:
+        raise CheckSkipped("no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node")
+    if not cfg.enabled:
+        raise CheckSkipped("cni.cluster.enabled is false")
+    try:
+        nodes = await list_nodes(kube)
+    except KubeError as e:
+        raise CheckFailed(f"cannot list Nodes: {e}") from None
+    problems, counts = await asyncio.to_thread(_compare, cfg, node, nodes)
+    summary = f"mode {cfg.mode}: direct {counts['direct']}, vxlan {counts['vxlan']}"
+    if problems:
+        shown: Any = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise CheckFailed(f"{summary}; {shown}")
+    return f"{summary}, every peer pod subnet routed"

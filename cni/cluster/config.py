@@ -1,0 +1,68 @@
+"""The ``cni.cluster`` section: how this node joins the cluster pod network.
+
+::
+
+    cni:
+      cluster:
+        enabled: true            # active when the agent follows a Kubernetes API (--kubeconfig or in-cluster)
+        mode: auto               # direct | vxlan | auto: direct to peers on a connected subnet, VXLAN to the rest
+        vxlan:
+          vni: 4096
+          port: 4789
+          underlay: ""           # interface of the node's InternalIP when empty
+        cluster_cidrs: []        # traffic to these keeps its source; empty: every Node's podCIDRs
+        masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
+        route_protocol: 110      # routes the agent owns carry this protocol number
+        resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
+        subnets_file: /var/lib/nodeplug/cluster/subnets.json   # where the CNI entry point reads this node's podCIDRs
+
+Without a Kubernetes API the section is ignored and the agent runs single-node as before.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cni.cluster.subnets import DEFAULT_PATH
+
+
+class VxlanConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vni: int = Field(default=4096, ge=1, le=16777215)
+    port: int = Field(default=4789, ge=1, le=65535)
+    underlay: str = Field(default="", max_length=15)
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    mode: Literal["direct", "vxlan", "auto"] = "auto"
+    vxlan: VxlanConfig = Field(default_factory=VxlanConfig)
+    cluster_cidrs: tuple[str, ...] = ()
+    masquerade: bool = True
+    route_protocol: int = Field(default=110, ge=5, le=254)  # 0-4 are the kernel's own (4: static, `ip route add`)
+    resync_seconds: float = Field(default=60.0, ge=1, le=3600)
+    subnets_file: str = DEFAULT_PATH
+
+    @field_validator("cluster_cidrs")
+    @classmethod
+    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for text in v:
+            try:
+                out.append(str(ipaddress.ip_network(text, strict=True)))
+            except ValueError:
+                raise ValueError(f"expected networks like 10.244.0.0/16 or fd44::/48, got {text!r}") from None
+        return tuple(out)
+
+    @field_validator("subnets_file")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("expected an absolute path")
+        return v

@@ -1,0 +1,374 @@
+"""The cluster network's netlink edge: the VXLAN device, and reading and writing what the agent owns.
+
+What the agent owns, so that it can find it again after a restart and never touches anything else:
+
+- routes in the main table carrying its route protocol number (``cni.cluster.route_protocol``, default 110; ``ip
+  route show proto 110``); a route of another protocol to the same destination is left alone and reported;
+- the VXLAN device (``nodeplug.vx``) and every permanent FDB and neighbour entry on it.
+
+The device is kept across restarts: when it exists with the configured VNI, port, local address and underlay
+interface it is used as it is (its MAC, which peers have programmed, never changes); its MAC is derived from the
+node name and VNI, so even a device created anew (after a reboot) has the MAC the Node's annotation already names.
+Only a changed VXLAN config recreates it.
+
+Every call runs on one thread (the caller's), over one :class:`~cni.dataplane.rtnl.Rtnl` socket in that thread's
+network namespace. Kernel refusals become :class:`KernelError` naming the entry and the kernel's reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from cni.cluster.model import IPAddress, IPNetwork
+from cni.cluster.plan import Changes, RouteSpec, State
+from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
+from cni.dataplane.rtnl import (
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    RTM_DELNEIGH,
+    RTM_DELROUTE,
+    RTM_GETADDR,
+    RTM_GETNEIGH,
+    RTM_GETROUTE,
+    RTM_NEWNEIGH,
+    RTM_NEWROUTE,
+    NetlinkError,
+    Rtnl,
+    ifaddrmsg,
+    ndmsg,
+    rtmsg,
+)
+
+VXLAN_DEVICE = "nodeplug.vx"
+RT_TABLE_MAIN = 254
+RTN_UNICAST = 1
+RTNH_F_ONLINK = 4
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
+VXLAN_OVERHEAD = {4: 50, 6: 70}  # outer IP + UDP + VXLAN + inner Ethernet headers
+
+
+class KernelError(Exception):
+    """A netlink request failed; the message names the entry and the kernel's reason."""
+
+
+class Underlay(NamedTuple):
+    ifindex: int
+    name: str
+    mtu: int
+
+
+class VxlanDevice(NamedTuple):
+    ifindex: int
+    mac: str
+    mtu: int
+    created: bool  # made now (False: an existing device was kept as it was)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, NetlinkError):
+        return str(e.args[1]) if len(e.args) > 1 and e.args[1] else str(e)
+    return str(e)
+
+
+def vtep_mac(node: str, vni: int) -> str:
+    """A locally administered unicast MAC that depends only on the node's name and the VNI."""
+    b = bytearray(hashlib.sha256(f"nodeplug vtep {node} {vni}".encode()).digest()[:6])
+    b[0] = (b[0] & 0xFE) | 0x02
+    return ":".join(f"{x:02x}" for x in b)
+
+
+def _family(version: int) -> int:
+    return socket.AF_INET if version == 4 else socket.AF_INET6
+
+
+# ---------------------------------------------------------------- interfaces and addresses
+
+
+def addresses(nl: Rtnl) -> list[tuple[int, ipaddress.IPv4Interface | ipaddress.IPv6Interface]]:
+    """(link index, address/prefix) of every address in the socket's netns."""
+    out = []
+    for msg in nl.dump(ifaddrmsg(), RTM_GETADDR, ifaddrmsg):
+        a = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
+        if a:
+            out.append((int(msg["index"]), ipaddress.ip_interface(f"{a}/{msg['prefixlen']}")))
+    return out
+
+
+def underlay_of(nl: Rtnl, address: IPAddress, name: str = "") -> Underlay:
+    """The interface carrying ``address`` (or the one named ``name``), with its MTU."""
+    by_index = {int(m["index"]): m for m in links(nl)}
+    if name:
+        found = next((i for i, m in by_index.items() if m.get("IFLA_IFNAME") == name), None)
+        if found is None:
+            raise KernelError(f"vxlan.underlay: no interface named {name}")
+    else:
+        found = next((i for i, a in addresses(nl) if a.ip == address), None)
+        if found is None:
+            raise KernelError(f"no interface carries this node's InternalIP {address}")
+    m = by_index[found]
+    return Underlay(found, str(m.get("IFLA_IFNAME")), int(m.get("IFLA_MTU") or 1500))
+
+
+def connected(nl: Rtnl, exclude: Iterable[IPNetwork], skip_index: Iterable[int] = ()) -> list[IPNetwork]:
+    """The subnets this node is directly on: its addresses' prefixes, without loopback, link-local, the pod
+    networks in ``exclude`` and the links in ``skip_index``."""
+    skip = set(skip_index)
+    out: list[IPNetwork] = []
+    for index, iface in addresses(nl):
+        net = iface.network
+        if index in skip or iface.ip.is_loopback or iface.ip.is_link_local or net.prefixlen == net.max_prefixlen:
+            continue
+        if any(net.version == x.version and net.overlaps(x) for x in exclude):
+            continue
+        if net not in out:
+            out.append(net)
+    return out
+
+
+# ---------------------------------------------------------------- the VXLAN device
+
+
+def _vxlan_data(vni: int, port: int, local: IPAddress, underlay: int) -> list[tuple[str, Any]]:
+    return [
+        ("IFLA_VXLAN_ID", vni),
+        ("IFLA_VXLAN_LOCAL" if local.version == 4 else "IFLA_VXLAN_LOCAL6", str(local)),
+        ("IFLA_VXLAN_LINK", underlay),
+        ("IFLA_VXLAN_PORT", port),
+        ("IFLA_VXLAN_LEARNING", 0),
+    ]
+
+
+def _matches(msg: Any, vni: int, port: int, local: IPAddress, underlay: int) -> bool:
+    if link_kind(msg) != "vxlan":
+        return False
+    data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+    if data is None:
+        return False
+    got_local = data.get("IFLA_VXLAN_LOCAL" if local.version == 4 else "IFLA_VXLAN_LOCAL6")
+    return (
+        data.get("IFLA_VXLAN_ID") == vni
+        and data.get("IFLA_VXLAN_PORT") == port
+        and got_local is not None
+        and ipaddress.ip_address(got_local) == local
+        and data.get("IFLA_VXLAN_LINK") == underlay
+        and not data.get("IFLA_VXLAN_LEARNING")
+    )
+
+
+def ensure_vxlan(
+    nl: Rtnl, node: str, vni: int, port: int, local: IPAddress, underlay: Underlay, name: str = VXLAN_DEVICE
+) -> VxlanDevice:
+    """The VXLAN device, up, with MTU = underlay MTU - overhead; kept as it is when it already matches."""
+    mtu = underlay.mtu - VXLAN_OVERHEAD[local.version]
+    msg = get_link(nl, name)
+    created = False
+    if msg is not None and not _matches(msg, vni, port, local, underlay.ifindex):
+        try:
+            delete_link(nl, name)
+        except NetlinkError as e:
+            raise KernelError(f"remove {name} (its VXLAN settings changed): {_reason(e)}") from None
+        msg = None
+    if msg is None:
+        attrs = [
+            ("IFLA_IFNAME", name),
+            ("IFLA_ADDRESS", vtep_mac(node, vni)),
+            ("IFLA_MTU", mtu),
+            linkinfo("vxlan", _vxlan_data(vni, port, local, underlay.ifindex)),
+        ]
+        try:
+            create_link(nl, attrs)
+        except NetlinkError as e:
+            raise KernelError(
+                f"create VXLAN device {name} (VNI {vni}, port {port}, local {local}): {_reason(e)}"
+            ) from None
+        msg = get_link(nl, name)
+        if msg is None:
+            raise KernelError(f"VXLAN device {name} vanished right after it was created")
+        created = True
+    index = int(msg["index"])
+    if int(msg.get("IFLA_MTU") or 0) != mtu:
+        try:
+            set_link(nl, index, [("IFLA_MTU", mtu)])
+        except NetlinkError as e:
+            raise KernelError(f"set the MTU of {name} to {mtu}: {_reason(e)}") from None
+    if not int(msg["flags"]) & IFF_UP:
+        try:
+            set_link(nl, index, flags=IFF_UP, change=IFF_UP)
+        except NetlinkError as e:
+            raise KernelError(f"bring {name} up: {_reason(e)}") from None
+    return VxlanDevice(index, str(msg.get("IFLA_ADDRESS")), mtu, created)
+
+
+def remove_vxlan(nl: Rtnl, name: str = VXLAN_DEVICE) -> bool:
+    """Delete the device (and with it every FDB and neighbour entry on it); False when there was none."""
+    try:
+        delete_link(nl, name)
+    except NetlinkError as e:
+        if e.code == errno.ENODEV:
+            return False
+        raise KernelError(f"remove {name}: {_reason(e)}") from None
+    return True
+
+
+def vxlan_index(nl: Rtnl, name: str = VXLAN_DEVICE) -> int | None:
+    msg = get_link(nl, name)
+    return int(msg["index"]) if msg is not None and link_kind(msg) == "vxlan" else None
+
+
+# ---------------------------------------------------------------- reading what we own
+
+
+class Owned(NamedTuple):
+    state: State
+    foreign: set[IPNetwork]  # destinations with a route of another protocol in the main table
+
+
+def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
+    """Our routes (protocol ``protocol``, main table) and the FDB and neighbour entries on the VXLAN device."""
+    state = State.empty()
+    foreign: set[IPNetwork] = set()
+    for family in (socket.AF_INET, socket.AF_INET6):
+        req = rtmsg()
+        req["family"] = family
+        for msg in nl.dump(req, RTM_GETROUTE, rtmsg):
+            table = msg.get("RTA_TABLE") or msg["table"]
+            if table != RT_TABLE_MAIN or msg["type"] != RTN_UNICAST:
+                continue
+            dst_text = msg.get("RTA_DST")
+            if not dst_text:
+                continue
+            dst = ipaddress.ip_network(f"{dst_text}/{msg['dst_len']}", strict=False)
+            if msg["proto"] != protocol:
+                foreign.add(dst)
+                continue
+            gw = msg.get("RTA_GATEWAY")
+            if gw is None:
+                continue  # not a shape we make: deleted by the next diff (it is ours)
+            state.routes[dst] = RouteSpec(dst, ipaddress.ip_address(gw), msg.get("RTA_OIF") == vx_index)
+    if vx_index is not None:
+        for family in (socket.AF_INET, socket.AF_INET6, socket.AF_BRIDGE):
+            req = ndmsg()
+            req["family"] = family
+            for msg in nl.dump(req, RTM_GETNEIGH, ndmsg):
+                if msg["ifindex"] != vx_index or not msg["state"] & NUD_PERMANENT:
+                    continue
+                mac, dst = msg.get("NDA_LLADDR"), msg.get("NDA_DST")
+                if not mac or not dst:
+                    continue
+                if family == socket.AF_BRIDGE:
+                    if mac != "00:00:00:00:00:00":
+                        state.fdb[str(mac)] = ipaddress.ip_address(dst)
+                else:
+                    state.neigh[ipaddress.ip_address(dst)] = str(mac)
+    return Owned(state, foreign)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _route_msg(r: RouteSpec, protocol: int, vx_index: int | None) -> Any:
+    msg = rtmsg()
+    msg["family"] = _family(r.dst.version)
+    msg["dst_len"] = r.dst.prefixlen
+    msg["table"] = RT_TABLE_MAIN
+    msg["proto"] = protocol
+    msg["scope"] = 0
+    msg["type"] = RTN_UNICAST
+    attrs: list[tuple[str, Any]] = [("RTA_DST", str(r.dst.network_address)), ("RTA_GATEWAY", str(r.gateway))]
+    if r.vxlan:
+        if vx_index is None:
+            raise KernelError(f"route to {r.dst}: no VXLAN device")
+        msg["flags"] = RTNH_F_ONLINK
+        attrs.append(("RTA_OIF", vx_index))
+    msg["attrs"] = attrs
+    return msg
+
+
+def _neigh_msg(family: int, index: int, dst: IPAddress, mac: str, fdb: bool) -> Any:
+    msg = ndmsg()
+    msg["family"] = family
+    msg["ifindex"] = index
+    msg["state"] = NUD_PERMANENT
+    msg["flags"] = NTF_SELF if fdb else 0
+    msg["attrs"] = [("NDA_DST", str(dst)), ("NDA_LLADDR", mac)]
+    return msg
+
+
+def set_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None, replace: bool) -> None:
+    """Add ``r`` (``replace``: ours already exists for its destination and differs)."""
+    flags = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
+    try:
+        nl.ack(_route_msg(r, protocol, vx_index), RTM_NEWROUTE, flags)
+    except NetlinkError as e:
+        if e.code == errno.EEXIST:
+            raise KernelError(f"route to {r.dst}: a route nodeplug does not own exists for it; left alone") from None
+        raise KernelError(f"route to {r.dst} via {r.gateway}: {_reason(e)}") from None
+
+
+def del_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None) -> None:
+    msg = _route_msg(r._replace(vxlan=False), protocol, None)  # matched by destination, table and our protocol
+    msg["attrs"] = [("RTA_DST", str(r.dst.network_address))]
+    try:
+        nl.ack(msg, RTM_DELROUTE)
+    except NetlinkError as e:
+        if e.code not in (errno.ESRCH, errno.ENOENT):
+            raise KernelError(f"delete route to {r.dst}: {_reason(e)}") from None
+
+
+def apply(nl: Rtnl, ch: Changes, have: State, protocol: int, vx_index: int | None) -> list[str]:
+    """Carry out ``ch`` (neighbours before the routes that use them; routes deleted before their neighbours) and
+    update ``have`` to match what was done. Returns one line per failure; the rest is still done."""
+    problems: list[str] = []
+
+    def attempt(what: str, fn: Any, *args: Any) -> bool:
+        try:
+            fn(*args)
+            return True
+        except KernelError as e:
+            problems.append(str(e))
+        except NetlinkError as e:
+            problems.append(f"{what}: {_reason(e)}")
+        return False
+
+    for mac, under in ch.fdb_set:
+        if vx_index is not None and attempt(
+            f"FDB {mac}", nl.ack, _neigh_msg(socket.AF_BRIDGE, vx_index, under, mac, True), RTM_NEWNEIGH,
+            NLM_F_CREATE | NLM_F_REPLACE,
+        ):  # fmt: skip
+            have.fdb[mac] = under
+    for hop, mac in ch.neigh_set:
+        if vx_index is not None and attempt(
+            f"neighbour {hop}", nl.ack, _neigh_msg(_family(hop.version), vx_index, hop, mac, False), RTM_NEWNEIGH,
+            NLM_F_CREATE | NLM_F_REPLACE,
+        ):  # fmt: skip
+            have.neigh[hop] = mac
+    for r in ch.routes_set:
+        if attempt(f"route {r.dst}", set_route, nl, r, protocol, vx_index, r.dst in have.routes):
+            have.routes[r.dst] = r
+    for r in ch.routes_del:
+        if attempt(f"route {r.dst}", del_route, nl, r, protocol, vx_index):
+            have.routes.pop(r.dst, None)
+    for hop, mac in ch.neigh_del:
+        if vx_index is None or _del_neigh(nl, _neigh_msg(_family(hop.version), vx_index, hop, mac, False), problems):
+            have.neigh.pop(hop, None)
+    for mac, under in ch.fdb_del:
+        if vx_index is None or _del_neigh(nl, _neigh_msg(socket.AF_BRIDGE, vx_index, under, mac, True), problems):
+            have.fdb.pop(mac, None)
+    return problems
+
+
+def _del_neigh(nl: Rtnl, msg: Any, problems: list[str]) -> bool:
+    try:
+        nl.ack(msg, RTM_DELNEIGH)
+    except NetlinkError as e:
+        if e.code not in (errno.ENOENT, errno.ESRCH, errno.ENODEV):
+            problems.append(f"delete neighbour/FDB entry: {_reason(e)}")
+            return False
+    return True

@@ -1,0 +1,135 @@
+"""Node objects, as the API server sends them (hostile input), parsed into what the cluster network needs.
+
+A Node is read for:
+
+- ``spec.podCIDRs`` (``spec.podCIDR`` on its own when the list is absent): at most one network per address family,
+  host bits zero, not a host route;
+- ``status.addresses`` of type ``InternalIP``, in their order: the underlay addresses (the first of each family);
+- annotations ``nodeplug.io/vtep-mac`` and ``nodeplug.io/vtep-address``: where the node's agent terminates VXLAN.
+
+Nothing here raises on bad input: a field that does not parse is left out and named in :attr:`NodeInfo.problems`
+(logged by the agent, shown by the doctor), so one bad Node never stops the others from being routed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+ANNOTATION_PREFIX = "nodeplug.io/"
+VTEP_MAC = ANNOTATION_PREFIX + "vtep-mac"
+VTEP_ADDRESS = ANNOTATION_PREFIX + "vtep-address"
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+MAX_PROBLEMS = 8
+
+
+class Vtep(NamedTuple):
+    mac: str  # lower case, colon separated, unicast
+    address: IPAddress  # the underlay address its VXLAN packets come from
+
+
+class NodeInfo(NamedTuple):
+    name: str
+    pod_cidrs: tuple[IPNetwork, ...] = ()  # at most one per family, in the Node's order
+    internal_ips: tuple[IPAddress, ...] = ()
+    vtep: Vtep | None = None
+    problems: tuple[str, ...] = ()
+
+    def pod_cidr(self, version: int) -> IPNetwork | None:
+        return next((c for c in self.pod_cidrs if c.version == version), None)
+
+    def internal_ip(self, version: int) -> IPAddress | None:
+        return next((a for a in self.internal_ips if a.version == version), None)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dict(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def parse_mac(text: Any) -> str | None:
+    """A unicast MAC address in canonical form, or None."""
+    if not isinstance(text, str):
+        return None
+    mac = text.strip().lower().replace("-", ":")
+    if not _MAC.match(mac):
+        return None
+    first = int(mac[:2], 16)
+    if first & 1 or mac == "00:00:00:00:00:00":  # multicast/broadcast, or zero
+        return None
+    return mac
+
+
+def _address(text: Any) -> IPAddress | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _usable(ip: IPAddress) -> bool:
+    return not (ip.is_unspecified or ip.is_multicast or ip.is_loopback or ip.is_link_local)
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeInfo | None:
+    """The parts of a Node the network uses; None when it has no name."""
+    meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
+    name = meta.get("name")
+    if not isinstance(name, str) or not name or len(name) > 253:
+        return None
+    problems: list[str] = []
+
+    raw = spec.get("podCIDRs")
+    if raw is None and spec.get("podCIDR"):
+        raw = [spec.get("podCIDR")]
+    cidrs: list[IPNetwork] = []
+    for i, text in enumerate(raw if isinstance(raw, list) else []):
+        try:
+            net = ipaddress.ip_network(text, strict=True) if isinstance(text, str) else None
+        except ValueError:
+            net = None
+        if net is None or net.prefixlen > net.max_prefixlen - 2 or not _usable(net.network_address):
+            problems.append(f"spec.podCIDRs[{i}]: expected a network like 10.244.1.0/24, got {_show(text)}")
+        elif any(c.version == net.version for c in cidrs):
+            problems.append(f"spec.podCIDRs[{i}]: a second IPv{net.version} network ({net}) is ignored")
+        else:
+            cidrs.append(net)
+    if raw is not None and not isinstance(raw, list):
+        problems.append(f"spec.podCIDRs: expected a list, got {_show(raw)}")
+
+    ips: list[IPAddress] = []
+    addresses = status.get("addresses")
+    for i, a in enumerate(addresses if isinstance(addresses, list) else []):
+        a = _dict(a)
+        if a.get("type") != "InternalIP":
+            continue
+        ip = _address(a.get("address"))
+        if ip is None or not _usable(ip):
+            problems.append(f"status.addresses[{i}]: expected a unicast InternalIP, got {_show(a.get('address'))}")
+        elif ip not in ips:
+            ips.append(ip)
+
+    vtep = None
+    notes = _dict(meta.get("annotations"))
+    if VTEP_MAC in notes or VTEP_ADDRESS in notes:
+        mac = parse_mac(notes.get(VTEP_MAC))
+        addr = _address(notes.get(VTEP_ADDRESS))
+        if mac is None:
+            problems.append(f"{VTEP_MAC}: expected a unicast MAC address, got {_show(notes.get(VTEP_MAC))}")
+        if addr is None or not _usable(addr):
+            problems.append(f"{VTEP_ADDRESS}: expected an IP address, got {_show(notes.get(VTEP_ADDRESS))}")
+            addr = None
+        if mac is not None and addr is not None:
+            vtep = Vtep(mac, addr)
+    return NodeInfo(name, tuple(cidrs), tuple(ips), vtep, tuple(problems[:MAX_PROBLEMS]))

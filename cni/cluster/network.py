@@ -1,0 +1,336 @@
+"""The agent's cluster network service: follows Node objects and keeps this node's kernel in step.
+
+One watch on Nodes (:class:`nodeplug.kube.ListWatch`) feeds a map of parsed nodes; every change marks the state
+dirty and one reconciler task brings the kernel in line on a thread of its own (netlink is synchronous): the plan
+(:mod:`cni.cluster.plan`) is computed for all nodes and compared with what the agent last applied, so a Node added
+costs a few netlink requests however many Nodes there are. Events that arrive while a pass runs are folded into
+the next one. A full pass, which reads the kernel back and repairs any drift (an entry deleted or changed by
+someone else, a stale entry from an earlier run), runs after every complete list from the API server and every
+``resync_seconds``.
+
+Until the first complete list the kernel is not touched: routes, FDB and neighbour entries from an earlier run
+keep carrying traffic while the agent restarts or the API server is away, and the subnets file from the last run
+keeps the IPAM on this node's podCIDRs. This node's own Node object gives:
+
+- its podCIDRs, written to the subnets file (:mod:`cni.cluster.subnets`) with the pod MTU (the underlay's, less
+  the VXLAN overhead in ``vxlan`` and ``auto`` modes);
+- its first InternalIP, the VXLAN device's local address, published with the device's MAC as annotations on the
+  Node (a merge patch of exactly those two keys) so that peers can program their FDB and neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+from prometheus_client import Counter, Gauge, Histogram
+
+from cni.cluster import kernel, masq
+from cni.cluster.config import ClusterConfig
+from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, IPNetwork, NodeInfo, Vtep, parse_node
+from cni.cluster.plan import Local, State, changes, desired
+from cni.cluster.subnets import NodeSubnets, SubnetsError, read
+from cni.dataplane import sysctl
+from cni.dataplane.rtnl import Rtnl
+from nodeplug.fsutil import write_atomic
+from nodeplug.kube import KubeClient, ListWatch
+from nodeplug.log import Logger
+from nodeplug.metrics import RPC_BUCKETS
+
+CURE = (
+    "run kube-controller-manager with --allocate-node-cidrs --cluster-cidr=<cluster CIDR>, or set it by hand: "
+    'kubectl patch node {node} -p \'{{"spec":{{"podCIDRs":["10.244.1.0/24"]}}}}\''
+)
+
+
+class Metrics:
+    """The cluster network's collectors, made once per agent registry (the service restarts on a config change)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.pass_seconds = Histogram(
+            "nodeplug_cluster_reconcile_seconds", "Cluster network reconcile passes, by kind (full or incremental).",
+            ["kind"], buckets=RPC_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.changed = Counter(
+            "nodeplug_cluster_kernel_changes", "Routes, FDB and neighbour entries set or deleted.", registry=registry
+        )
+        self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=registry)
+
+
+@dataclass
+class Outcome:
+    """What one reconcile pass found (for readiness, the doctor and logs)."""
+
+    paths: dict[tuple[str, int], str] = field(default_factory=dict)
+    unrouted: dict[tuple[str, int], str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    vtep: Vtep | None = None
+    mtu: int | None = None
+
+
+class ClusterNetwork:
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        kube: KubeClient,
+        node: str,
+        subnets_path: Path,
+        log: Logger,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.kube = kube
+        self.node = node
+        self.subnets_path = subnets_path
+        self.log = log.bind(node=node)
+        self.nodes: dict[str, NodeInfo] = {}
+        self.own_annotations: Mapping[str, Any] = {}
+        self.synced = False
+        self.own_seen = False
+        self.watch = ListWatch(kube, Node, log=self.log)
+        self.outcome = Outcome()
+        self.have = State.empty()
+        self._dirty = asyncio.Event()
+        self._full = True
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._nl: Rtnl | None = None
+        self._subnets: NodeSubnets | None = None
+        self._masq: tuple[Any, ...] | None = None
+        self._published: tuple[str, str] | None = None
+        self._publish_failures = 0
+        self._logged: tuple[frozenset[Any], frozenset[str]] = (frozenset(), frozenset())
+        self.metrics = metrics or Metrics(None)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        try:
+            self._subnets = await asyncio.to_thread(read, str(self.subnets_path))
+        except SubnetsError as e:
+            self.log.warning("ignoring the subnets file of an earlier run", error=str(e))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cluster-net")
+        self._tasks = [
+            asyncio.create_task(self._follow(), name="cluster-watch"),
+            asyncio.create_task(self._reconcile_loop(), name="cluster-reconcile"),
+        ]
+        self.log.info("following Node objects", mode=self.cfg.mode, server=self.kube.source.server)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._pool is not None:
+            if self._nl is not None:
+                nl, self._nl = self._nl, None
+                with contextlib.suppress(Exception):
+                    await asyncio.get_running_loop().run_in_executor(self._pool, nl.close)
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    # ------------------------------------------------------------ following the API
+
+    async def _follow(self) -> None:
+        async for ev in self.watch.events():
+            if ev.type == "SYNCED":
+                self.synced = True
+                self._full = True
+            else:
+                assert ev.obj is not None
+                info = parse_node(ev.obj)
+                if info is None:
+                    continue
+                if ev.type == "DELETED":
+                    self.nodes.pop(info.name, None)
+                else:
+                    self.nodes[info.name] = info
+                if info.name == self.node:
+                    self.own_seen = ev.type != "DELETED"
+                    meta = ev.obj.get("metadata")
+                    notes = meta.get("annotations") if isinstance(meta, dict) else None
+                    self.own_annotations = notes if isinstance(notes, dict) else {}
+            if self.synced:
+                self._dirty.set()
+
+    async def _reconcile_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_full = 0.0
+        while True:
+            remaining = self.cfg.resync_seconds - (time.monotonic() - last_full)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout=max(remaining, 0.0))
+            if not self.synced:
+                continue
+            self._dirty.clear()
+            full = self._full or time.monotonic() - last_full >= self.cfg.resync_seconds
+            self._full = False
+            nodes = dict(self.nodes)
+            started = time.monotonic()
+            try:
+                outcome = await loop.run_in_executor(self._pool, self._pass, nodes, full)
+            except Exception as e:  # never let one bad pass end the loop: the next event or resync retries
+                self.log.error("cluster network pass failed", error=str(e) or repr(e), exc_info=True)
+                self._full = True
+                await asyncio.sleep(1.0)
+                continue
+            self.metrics.pass_seconds.labels("full" if full else "incremental").observe(time.monotonic() - started)
+            if full:
+                last_full = time.monotonic()
+            self.outcome = outcome
+            self._report(outcome)
+            await self._publish(outcome.vtep)
+
+    # ------------------------------------------------------------ one pass (on the netlink thread)
+
+    def _pass(self, nodes: dict[str, NodeInfo], full: bool) -> Outcome:
+        if self._nl is None:
+            self._nl = Rtnl()
+        nl = self._nl
+        out = Outcome()
+        own = nodes.get(self.node)
+        pod_cidrs = own.pod_cidrs if own is not None else ()
+        local_ip = own.internal_ips[0] if own is not None and own.internal_ips else None
+        vx_index: int | None = None
+        underlay = None
+        if local_ip is not None:
+            try:
+                underlay = kernel.underlay_of(nl, local_ip, self.cfg.vxlan.underlay)
+            except kernel.KernelError as e:
+                out.problems.append(str(e))
+        if self.cfg.mode == "direct":
+            if full:
+                kernel.remove_vxlan(nl)
+            out.mtu = underlay.mtu if underlay is not None else None
+        elif underlay is not None and local_ip is not None:
+            vx = kernel.ensure_vxlan(nl, self.node, self.cfg.vxlan.vni, self.cfg.vxlan.port, local_ip, underlay)
+            if vx.created:
+                self.log.info("created the VXLAN device", device=kernel.VXLAN_DEVICE, mac=vx.mac, local=str(local_ip))
+                full = True  # entries of an earlier device are gone with it
+            vx_index, out.vtep, out.mtu = vx.ifindex, Vtep(vx.mac, local_ip), vx.mtu
+        else:
+            vx_index = kernel.vxlan_index(nl)
+            out.problems.append(f"node {self.node} has no InternalIP on this host: no VXLAN endpoint")
+        exclude = list(pod_cidrs) + [c for n in nodes.values() for c in n.pod_cidrs]
+        connected = kernel.connected(nl, exclude, [vx_index] if vx_index is not None else [])
+        want = desired(Local(self.node, pod_cidrs, tuple(connected), out.vtep), nodes.values(), self.cfg.mode)
+        if full:
+            owned = kernel.read_owned(nl, self.cfg.route_protocol, vx_index)
+            self.have = owned.state
+            for dst in owned.foreign & set(want.state.routes):
+                out.problems.append(f"route to {dst}: a route nodeplug does not own exists for it; left alone")
+                want.state.routes.pop(dst)
+        ch = changes(want.state, self.have)
+        if ch:
+            out.problems += kernel.apply(nl, ch, self.have, self.cfg.route_protocol, vx_index)
+            self.metrics.changed.inc(ch.total())
+        if want.state.routes:
+            families = {r.dst.version for r in want.state.routes.values()}
+            if 4 in families:
+                sysctl.ensure("net/ipv4/ip_forward", "1")
+            if 6 in families:
+                sysctl.ensure("net/ipv6/conf/all/forwarding", "1")
+        out.paths, out.unrouted = want.paths, want.unrouted
+        if own is not None:
+            self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in pod_cidrs), out.mtu))
+        self._masquerade(pod_cidrs, nodes, out)
+        return out
+
+    def _write_subnets(self, want: NodeSubnets) -> None:
+        if want == self._subnets:
+            return
+        self.subnets_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.subnets_path, want.dumps())
+        self._subnets = want
+        self.log.info("pod subnets of this node", pod_cidrs=",".join(want.pod_cidrs) or "none", mtu=want.mtu)
+
+    def _masquerade(self, pod_cidrs: tuple[IPNetwork, ...], nodes: dict[str, NodeInfo], out: Outcome) -> None:
+        if not self.cfg.masquerade:
+            if self._masq != ():
+                masq.remove()
+                self._masq = ()
+            return
+        if self.cfg.cluster_cidrs:
+            cluster: list[IPNetwork] = [ipaddress.ip_network(c) for c in self.cfg.cluster_cidrs]
+        else:
+            cluster = [c for n in nodes.values() for c in n.pod_cidrs]
+        merged: list[IPNetwork] = [
+            *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv4Network)),
+            *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv6Network)),
+        ]
+        key = (tuple(pod_cidrs), tuple(merged))
+        if key == self._masq or not pod_cidrs:
+            return
+        try:
+            masq.install(pod_cidrs, merged)
+            self._masq = key
+        except masq.MasqError as e:
+            out.problems.append(str(e))
+
+    # ------------------------------------------------------------ reporting
+
+    def _report(self, o: Outcome) -> None:
+        self.metrics.peers.labels("direct").set(sum(p == "direct" for p in o.paths.values()))
+        self.metrics.peers.labels("vxlan").set(sum(p == "vxlan" for p in o.paths.values()))
+        self.metrics.peers.labels("none").set(len(o.unrouted))
+        unrouted = frozenset(o.unrouted.items())
+        problems = frozenset(o.problems)
+        if (unrouted, problems) == self._logged:
+            return
+        for (peer, version), why in sorted(unrouted - self._logged[0]):
+            self.log.warning("peer pod subnet not routed", peer=peer, family=f"IPv{version}", reason=why)
+        for p in sorted(problems - self._logged[1]):
+            self.log.warning("cluster network problem", problem=p)
+        self._logged = (unrouted, problems)
+
+    async def _publish(self, vtep: Vtep | None) -> None:
+        if vtep is None or not self.own_seen:
+            return
+        want = (vtep.mac, str(vtep.address))
+        have = (self.own_annotations.get(VTEP_MAC), self.own_annotations.get(VTEP_ADDRESS))
+        if have == want or self._published == want:
+            return
+        patch = {"metadata": {"annotations": {VTEP_MAC: want[0], VTEP_ADDRESS: want[1]}}}
+        try:
+            await self.kube.api.patch(Node, self.node, patch, patch_type=PatchType.MERGE)
+        except Exception as e:  # retried with backoff (and on every pass)
+            self._publish_failures += 1
+            delay = self.watch.backoff.delay(self._publish_failures)
+            self.log.warning("cannot publish this node's VTEP on its Node", error=str(e) or repr(e), retry=delay)
+            asyncio.get_running_loop().call_later(delay, self._dirty.set)
+            return
+        self._publish_failures = 0
+        self._published = want
+        self.log.info("published this node's VTEP", mac=want[0], address=want[1])
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, detail) for /readyz: not ready only while this node has no pod subnet to hand out."""
+        api = "API server reachable" if self.watch.status.connected else (
+            f"API server unreachable ({self.watch.status.last_error or 'connecting'}); routes kept"
+        )  # fmt: skip
+        own = self.nodes.get(self.node)
+        if self.synced and own is None:
+            return False, f"node {self.node} is not in the API server: check --node-name (or NODE_NAME)"
+        if own is not None and not own.pod_cidrs:
+            return False, f"node {self.node} has no spec.podCIDRs: {CURE.format(node=self.node)}"
+        written = self._subnets
+        if written is not None and written.pod_cidrs:
+            cidrs = ",".join(written.pod_cidrs)
+            if not self.synced:
+                return True, f"pod subnets {cidrs} (from the last run); {api}"
+            o = self.outcome
+            direct = sum(p == "direct" for p in o.paths.values())
+            vxlan = sum(p == "vxlan" for p in o.paths.values())
+            return True, f"pod subnets {cidrs}; peers direct {direct}, vxlan {vxlan}, unrouted {len(o.unrouted)}; {api}"
+        return False, f"waiting for node {self.node}'s podCIDRs from the API server; {api}"

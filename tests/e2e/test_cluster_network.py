@@ -1,0 +1,382 @@
+"""The cluster pod network on several nodes against a real kube-apiserver + etcd (tests/support/clusterlab.py).
+
+Five nodes, each a network namespace with its own agent: node-1..3 on one L2 segment, node-4 behind a router on
+another subnet (so ``auto`` mode routes 1..3 among themselves directly and to and from node-4 over VXLAN), node-5 on
+the segment but registered without a podCIDR. One pod per node, ADDed through the node's CNI entry point. Runs in
+one module-scoped lab (about a minute to build); every test leaves the lab as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
+
+PORT = 7000
+
+
+class WhoAmI:
+    """A TCP server in a netns answering every connection with the peer address it sees (source kept or not)."""
+
+    def __init__(self, ns: Netns) -> None:
+        self.ns = ns
+        self.sockets = [ns.call(self._listen, socket.AF_INET), ns.call(self._listen, socket.AF_INET6)]
+        for s in self.sockets:
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    @staticmethod
+    def _listen(family: int) -> socket.socket:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", PORT))
+        s.listen(64)
+        return s
+
+    @staticmethod
+    def _serve(s: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, peer = s.accept()
+                with conn:
+                    conn.sendall(peer[0].encode())
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+def seen_by(src: Netns, dst: str) -> str:
+    """Connect from ``src`` to a WhoAmI server at ``dst``: the source address it saw."""
+
+    def go() -> str:
+        with socket.create_connection((dst, PORT), timeout=3) as c:
+            return c.recv(100).decode()
+
+    return str(src.call(go))
+
+
+def pings(src: Netns, dst: str, tries: int = 3) -> bool:
+    """One echo reply from ``dst`` (a few tries: the first packet may wait for neighbour discovery)."""
+    return any(" 0% packet loss" in src.exec("ping", "-n", "-c1", "-W1", dst, check=False) for _ in range(tries))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    work = Path(tmp_path_factory.mktemp("cluster"))
+    with Lab(work, l2_nodes=3, routed=True, extra_l2=1) as lab:
+        for node in lab.nodes:
+            lab.register(node, with_cidr=node.index != 5)
+        for node in lab.nodes:
+            node.start()
+        for node in lab.nodes[:4]:
+            node.wait_ready()
+        for node in lab.nodes[:4]:
+            lab.add_pod(node)
+        servers = [WhoAmI(p.ns) for p in lab.pods] + [WhoAmI(next(n for n in lab.netns if n.name.endswith("-out")))]
+        try:
+            yield lab
+        finally:
+            for s in servers:
+                s.close()
+            for node in lab.nodes:  # on failure, the agents' logs say why
+                print(f"----- {node.name} agent log (tail)\n{node.log_tail(3000)}")
+
+
+def pods(lab: Lab) -> list[Pod]:
+    return lab.pods[:4]
+
+
+def all_pairs_connected(lab: Lab) -> list[str]:
+    """Every ordered pod pair, both families: ICMP and TCP; the source address arrives unchanged."""
+    failures = []
+    for a in pods(lab):
+        for b in pods(lab):
+            if a is b:
+                continue
+            for src, dst in ((a.ip4, b.ip4), (a.ip6, b.ip6)):
+                if not pings(a.ns, dst):
+                    failures.append(f"ping {a.node.name} {src} -> {b.node.name} {dst}")
+                    continue
+                try:
+                    seen = seen_by(a.ns, dst)
+                except OSError as e:
+                    failures.append(f"tcp {a.node.name} -> {b.node.name} {dst}: {e}")
+                    continue
+                if seen != src:
+                    failures.append(f"tcp {a.node.name} -> {b.node.name} {dst}: source {src} arrived as {seen}")
+    return failures
+
+
+def routes(node: Node, version: int = 4) -> dict[str, dict[str, Any]]:
+    out = node.ns.ip("-j", f"-{version}", "route", "show", "proto", "110")
+    return {r["dst"]: r for r in json.loads(out or "[]")}
+
+
+def fdb(node: Node) -> dict[str, str]:
+    out = node.ns.exec("bridge", "-j", "fdb", "show", "dev", "nodeplug.vx", check=False)
+    return {e["mac"]: e.get("dst", "") for e in json.loads(out or "[]") if e.get("dst")}
+
+
+def neigh(node: Node) -> dict[str, str]:
+    out = node.ns.ip("-j", "neigh", "show", "dev", "nodeplug.vx", check=False)
+    out6 = node.ns.ip("-j", "-6", "neigh", "show", "dev", "nodeplug.vx", check=False)
+    return {e["dst"]: e.get("lladdr", "") for e in json.loads(out or "[]") + json.loads(out6 or "[]")}
+
+
+# ---------------------------------------------------------------- connectivity and paths
+
+
+def test_every_pod_reaches_every_pod_on_every_node_in_both_families_with_its_source_kept(lab: Lab) -> None:
+    assert all_pairs_connected(lab) == []
+
+
+def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(lab: Lab) -> None:
+    n1, n2, n4 = lab.nodes[0], lab.nodes[1], lab.nodes[3]
+    r4, r6 = routes(n1, 4), routes(n1, 6)
+    assert r4["10.244.2.0/24"]["gateway"] == n2.ip4 and r4["10.244.2.0/24"]["dev"] == "eth0"
+    assert r6["fd44:0:0:2::/64"]["gateway"] == n2.ip6
+    assert r4["10.244.4.0/24"] == {**r4["10.244.4.0/24"], "gateway": "10.244.4.0", "dev": "nodeplug.vx"}
+    assert "onlink" in r4["10.244.4.0/24"]["flags"] and r6["fd44:0:0:4::/64"]["dev"] == "nodeplug.vx"
+    node4 = lab.api.ok("GET", f"/api/v1/nodes/{n4.name}")["metadata"]["annotations"]
+    mac = node4["nodeplug.io/vtep-mac"]
+    assert node4["nodeplug.io/vtep-address"] == n4.ip4
+    assert fdb(n1) == {mac: n4.ip4}
+    assert neigh(n1) == {"10.244.4.0": mac, "fd44:0:0:4::": mac}
+    # node-4 reaches all three over VXLAN; node-5 (no podCIDR yet) is nobody's route
+    assert {d for d, r in routes(n4, 4).items() if r["dev"] == "nodeplug.vx"} == {f"10.244.{i}.0/24" for i in (1, 2, 3)}
+    # the pod MTU leaves room for the VXLAN headers (underlay 1500)
+    mtu = json.loads(lab.pods[0].ns.ip("-j", "link", "show", "eth0"))[0]["mtu"]
+    assert mtu == 1450
+    assert json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["mtu"] == 1450
+
+
+def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
+    n1 = lab.nodes[0]
+    out = n1.ns.exec(
+        sys.executable, "-m", "nodeplug.cli", "doctor", "--config",
+        str(n1.config), "--root", str(n1.root), "--kubeconfig", str(n1.kubeconfig), "--node-name", n1.name,
+        check=False, timeout=120,
+    )  # fmt: skip
+    line = next(x for x in out.splitlines() if "peer pod subnets" in x)
+    assert " OK " in line and "direct 4" in line and "vxlan 2" in line, out
+    # a route removed behind the agent's back: the doctor says which (before the agent's resync repairs it)
+    n1.ns.ip("route", "del", "10.244.2.0/24", "proto", "110")
+    try:
+        out = n1.ns.exec(
+            sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(n1.config), "--root",
+            str(n1.root), "--kubeconfig", str(n1.kubeconfig), "--node-name", n1.name, check=False, timeout=120,
+        )  # fmt: skip
+        line = next(x for x in out.splitlines() if "peer pod subnets" in x)
+        assert " FAIL " in line and "node-2" in line and "10.244.2.0/24" in line, out
+    finally:
+        n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "110")
+
+
+def test_pod_traffic_leaving_the_cluster_is_masqueraded(lab: Lab) -> None:
+    out_ns = next(n for n in lab.netns if n.name.endswith("-out"))
+    for pod in pods(lab):
+        assert seen_by(pod.ns, OUTSIDE) == pod.node.ip4
+        assert seen_by(pod.ns, "fd99::10") == pod.node.ip6
+    assert out_ns is not None
+
+
+# ---------------------------------------------------------------- a node without a podCIDR
+
+
+def test_a_node_without_podcidr_is_not_ready_and_add_says_why_until_it_gets_one(lab: Lab) -> None:
+    n5 = lab.nodes[4]
+    _, body = wait_for("node-5 readiness", lambda: (s := n5.http("/readyz"))[0] == 503 and s)
+    assert "node-5 has no spec.podCIDRs" in body and "--allocate-node-cidrs" in body
+    ns = Netns(f"{lab.tag}-nocidr")
+    lab.netns.append(ns)
+    code, err = n5.cni("ADD", ns.name, f"{lab.tag}-nocidr")
+    assert code == 1 and err["code"] == 11 and "node-5 has no pod subnet" in err["details"], err
+    assert not n5.ns.ip("-j", "addr", "show", "dev", "nodeplug0", check=False).strip()  # nothing made on the host
+    lab.api.ok("PATCH", "/api/v1/nodes/node-5", {"spec": {"podCIDRs": [n5.pod4, n5.pod6], "podCIDR": n5.pod4}},
+               "application/merge-patch+json")  # fmt: skip
+    n5.wait_ready(30)
+    pod5 = lab.add_pod(n5)
+    try:
+        assert pod5.ip4.startswith("10.244.5.") and pod5.ip6.startswith("fd44:0:0:5::")
+        wait_for("node-1 routes node-5's subnet", lambda: "10.244.5.0/24" in routes(lab.nodes[0]), timeout=5)
+        assert pings(lab.pods[0].ns, pod5.ip4) and pings(pod5.ns, lab.pods[3].ip6)
+    finally:
+        n5.cni("DEL", pod5.ns.name, pod5.cid)
+
+
+# ---------------------------------------------------------------- following Node objects
+
+
+def test_node_added_changed_and_deleted_converge_within_a_second(lab: Lab) -> None:
+    n1 = lab.nodes[0]
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:00:61", "nodeplug.io/vtep-address": "192.168.78.61"}
+    t0 = time.monotonic()
+    lab.api.node("fake-direct", ["10.244.60.0/24"], ["192.168.77.60"])
+    lab.api.node("fake-vxlan", ["10.244.61.0/24", "fd44:0:0:61::/64"], ["192.168.78.61"], vtep)
+    wait_for("routes to both", lambda: {"10.244.60.0/24", "10.244.61.0/24"} <= set(routes(n1)), timeout=1.0)
+    wait_for("fdb and neighbours", lambda: fdb(n1).get("02:00:00:00:00:61") == "192.168.78.61"
+             and neigh(n1).get("fd44:0:0:61::") == "02:00:00:00:00:61", timeout=1.0)  # fmt: skip
+    added = time.monotonic() - t0
+    assert routes(n1)["10.244.60.0/24"]["gateway"] == "192.168.77.60"
+    # changed: the peer's VTEP moves (a new MAC and underlay address)
+    t0 = time.monotonic()
+    patch = {"metadata": {"annotations": {"nodeplug.io/vtep-mac": "02:00:00:00:00:62",
+                                          "nodeplug.io/vtep-address": "192.168.78.62"}}}  # fmt: skip
+    lab.api.ok("PATCH", "/api/v1/nodes/fake-vxlan", patch, "application/merge-patch+json")
+    wait_for("the new VTEP", lambda: fdb(n1).get("02:00:00:00:00:62") == "192.168.78.62"
+             and "02:00:00:00:00:61" not in fdb(n1) and neigh(n1).get("10.244.61.0") == "02:00:00:00:00:62",
+             timeout=1.0)  # fmt: skip
+    changed = time.monotonic() - t0
+    t0 = time.monotonic()
+    lab.api.ok("DELETE", "/api/v1/nodes/fake-direct")
+    lab.api.ok("DELETE", "/api/v1/nodes/fake-vxlan")
+    wait_for("all of it gone", lambda: not {"10.244.60.0/24", "10.244.61.0/24"} & set(routes(n1))
+             and "02:00:00:00:00:62" not in fdb(n1) and "10.244.61.0" not in neigh(n1)
+             and "fd44:0:0:61::/64" not in routes(n1, 6), timeout=1.0)  # fmt: skip
+    deleted = time.monotonic() - t0
+    print(f"converged: add {added * 1000:.0f} ms, change {changed * 1000:.0f} ms, delete {deleted * 1000:.0f} ms")
+
+
+# ---------------------------------------------------------------- restarts and outages
+
+
+def _ping_flood(src: Netns, dst: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["ip", "netns", "exec", src.name, "ping", "-n", "-i", "0.01", "-w", str(seconds), "-W", "1", dst],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _lost(proc: subprocess.Popen[str]) -> tuple[int, int]:
+    out, _ = proc.communicate(timeout=120)
+    m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
+    assert m, out
+    return int(m.group(1)), int(m.group(1)) - int(m.group(2))
+
+
+def test_agent_kill9_and_restart_loses_no_packet_and_removes_only_stale_entries(lab: Lab) -> None:
+    n1, n4 = lab.nodes[0], lab.nodes[3]
+    p1, p2, p4 = lab.pods[0], lab.pods[1], lab.pods[3]
+    mac_before = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["address"]
+    vx_index = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["ifindex"]
+    floods = [_ping_flood(p1.ns, p4.ip4, 12), _ping_flood(p1.ns, p2.ip6, 12), _ping_flood(p4.ns, p1.ip6, 12)]
+    time.sleep(1)
+    for node in (n1, n4):
+        node.kill(signal.SIGKILL)
+    # stale entries of "an earlier run" (a peer that left while the agent was down), and one that is not ours
+    n1.ns.ip("route", "add", "10.244.99.0/24", "via", "192.168.77.99", "proto", "110")
+    n1.ns.ip("route", "add", "10.244.98.0/24", "via", "192.168.77.98", "proto", "static")
+    n1.ns.exec("bridge", "fdb", "add", "02:00:00:00:00:99", "dev", "nodeplug.vx", "dst", "192.168.78.99")
+    n1.ns.ip("neigh", "add", "10.244.99.0", "lladdr", "02:00:00:00:00:99", "dev", "nodeplug.vx", "nud", "permanent")
+    time.sleep(1)
+    for node in (n1, n4):
+        node.start()
+    for node in (n1, n4):
+        node.wait_ready(30)
+    wait_for("stale entries removed", lambda: "10.244.99.0/24" not in routes(n1) and "02:00:00:00:00:99" not in fdb(n1)
+             and "10.244.99.0" not in neigh(n1), timeout=10)  # fmt: skip
+    results = [_lost(p) for p in floods]
+    assert all(lost == 0 for _, lost in results), f"(sent, lost) per flow: {results}"
+    assert all(sent > 500 for sent, _ in results), results
+    link = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]
+    assert (link["address"], link["ifindex"]) == (mac_before, vx_index)  # the very same device
+    assert "10.244.98.0/24" in n1.ns.ip("route", "show", "proto", "static")  # not ours: left alone
+    n1.ns.ip("route", "del", "10.244.98.0/24")
+
+
+@pytest.mark.parametrize("mode", ["vxlan", "direct"])
+def test_other_modes_after_a_config_reload(lab: Lab, mode: str) -> None:
+    segment = lab.nodes[:3]
+    try:
+        for node in lab.nodes[:4]:
+            node.write_config(mode)  # picked up within a second (the agent compares the file's content)
+        if mode == "vxlan":
+            wait_for("every route over VXLAN", lambda: all(
+                len(routes(n)) == 4 and all(r["dev"] == "nodeplug.vx" for r in routes(n).values())
+                for n in lab.nodes[:4]), timeout=15)  # fmt: skip
+            assert all_pairs_connected(lab) == []
+        else:
+            wait_for("direct routes only, no VXLAN device", lambda: all(
+                {f"10.244.{m.index}.0/24" for m in segment if m is not n} <= set(routes(n))
+                and "10.244.4.0/24" not in routes(n) and all(r["dev"] == "eth0" for r in routes(n).values())
+                and not n.ns.ip("link", "show", "nodeplug.vx", check=False) for n in segment), timeout=15)  # fmt: skip
+            for a in lab.pods[:3]:
+                for b in lab.pods[:3]:
+                    if a is not b:
+                        assert pings(a.ns, b.ip4) and pings(a.ns, b.ip6) and seen_by(a.ns, b.ip4) == a.ip4
+            _, body = lab.nodes[0].http("/readyz")
+            assert "unrouted 2" in body  # node-4: not on the segment, and direct mode has no other way
+    finally:
+        for node in lab.nodes[:4]:
+            node.write_config("auto")
+        wait_for("back to auto", lambda: all(len(routes(n)) == 4 for n in lab.nodes[:4]), timeout=15)
+    assert all_pairs_connected(lab) == []
+
+
+def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) -> None:
+    assert lab.cp is not None
+    n1 = lab.nodes[0]
+    lab.cp.stop("apiserver")
+    try:
+        flood = _ping_flood(lab.pods[0].ns, lab.pods[3].ip4, 5)
+        wait_for("the agent notices", lambda: "API server unreachable" in n1.http("/readyz")[1], timeout=30)
+        status, body = n1.http("/readyz")
+        assert status == 200 and "routes kept" in body
+        assert _lost(flood)[1] == 0
+        assert all_pairs_connected(lab) == []
+        # meanwhile, through a second API server on the same etcd, a Node joins
+        other = lab.cp.start_apiserver("apiserver-b", 6444)
+        other.node("late", ["10.244.70.0/24"], ["192.168.77.70"])
+        lab.cp.stop("apiserver-b")
+    finally:
+        lab.cp.start_apiserver()
+    wait_for("node-1 routes the Node added while it was cut off", lambda: "10.244.70.0/24" in routes(n1), timeout=30)
+    wait_for("every agent reconnected", lambda: all("API server reachable" in n.http("/readyz")[1]
+                                                     for n in lab.nodes[:4]), timeout=30)  # fmt: skip
+    lab.api.ok("DELETE", "/api/v1/nodes/late")
+    wait_for("and follows its deletion", lambda: "10.244.70.0/24" not in routes(n1), timeout=5)
+
+
+# ---------------------------------------------------------------- RBAC: nothing wider than the own Node
+
+
+def test_the_agents_token_may_change_only_its_own_nodes_nodeplug_annotations(lab: Lab) -> None:
+    assert lab.cp is not None
+    n1 = lab.nodes[0]
+    agent = lab.cp.client(token=n1.token)
+    merge = "application/merge-patch+json"
+    assert agent.request("GET", "/api/v1/nodes")[0] == 200
+    ok = agent.request(
+        "PATCH", f"/api/v1/nodes/{n1.name}", {"metadata": {"annotations": {"nodeplug.io/x": "1"}}}, merge
+    )
+    assert ok[0] == 200, ok
+    cases = [
+        ("/api/v1/nodes/node-2", {"metadata": {"annotations": {"nodeplug.io/x": "1"}}}, "only change its own Node"),
+        (f"/api/v1/nodes/{n1.name}", {"metadata": {"annotations": {"other.io/x": "1"}}}, "annotations under"),
+        (f"/api/v1/nodes/{n1.name}", {"metadata": {"labels": {"a": "b"}}}, "not its spec, labels"),
+        (f"/api/v1/nodes/{n1.name}", {"spec": {"unschedulable": True}}, "not its spec, labels"),
+    ]
+    for path, body, message in cases:
+        status, doc = agent.request("PATCH", path, body, merge)
+        assert status == 403 and message in doc["message"], (path, body, status, doc)
+    assert agent.request("PATCH", f"/api/v1/nodes/{n1.name}/status", {"status": {}}, merge)[0] == 403
+    assert agent.request("DELETE", "/api/v1/nodes/node-2")[0] == 403
+    assert agent.request("GET", "/api/v1/secrets")[0] == 403
+    agent.request("PATCH", f"/api/v1/nodes/{n1.name}", {"metadata": {"annotations": {"nodeplug.io/x": None}}}, merge)

@@ -1,0 +1,207 @@
+"""The cluster network's pure core: Node objects parsed (hostile input), the plan for each mode, and the diff."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, NodeInfo, Vtep, parse_mac, parse_node
+from cni.cluster.plan import Local, RouteSpec, State, changes, desired
+from cni.cluster.subnets import NodeSubnets, SubnetsError, read
+
+net = ipaddress.ip_network
+ip = ipaddress.ip_address
+
+
+def node_obj(name: str, cidrs: Any = None, ips: Any = None, notes: Any = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if notes is not None:
+        meta["annotations"] = notes
+    spec = {"podCIDRs": cidrs} if cidrs is not None else {}
+    status = {
+        "addresses": [{"type": "InternalIP", "address": a} for a in ips or []] + [{"type": "Hostname", "address": name}]
+    }
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_parse_node_takes_one_cidr_per_family_and_internal_ips_in_order() -> None:
+    info = parse_node(node_obj("a", ["10.244.1.0/24", "fd44:0:0:1::/64", "10.244.9.0/24"], ["fd77::1", "192.168.1.1"],
+                               {VTEP_MAC: "0A:00:00:00:00:01", VTEP_ADDRESS: "192.168.1.1"}))  # fmt: skip
+    assert info is not None
+    assert info.pod_cidrs == (net("10.244.1.0/24"), net("fd44:0:0:1::/64"))
+    assert info.internal_ips == (ip("fd77::1"), ip("192.168.1.1"))
+    assert info.vtep == Vtep("0a:00:00:00:00:01", ip("192.168.1.1"))
+    assert info.problems == ("spec.podCIDRs[2]: a second IPv4 network (10.244.9.0/24) is ignored",)
+
+
+def test_parse_node_falls_back_to_podcidr_and_names_every_bad_field() -> None:
+    obj = node_obj(
+        "b", None, ["not-an-ip", "127.0.0.1", "10.0.0.2"], {VTEP_MAC: "01:00:5e:00:00:01", VTEP_ADDRESS: "x"}
+    )
+    obj["spec"] = {"podCIDR": "10.244.2.1/24"}  # host bits set: refused
+    info = parse_node(obj)
+    assert info is not None and info.pod_cidrs == () and info.internal_ips == (ip("10.0.0.2"),) and info.vtep is None
+    text = " | ".join(info.problems)
+    for part in ("spec.podCIDRs[0]", "status.addresses[0]", "status.addresses[1]", VTEP_MAC, VTEP_ADDRESS):
+        assert part in text
+
+
+@pytest.mark.parametrize("obj", [{}, {"metadata": []}, {"metadata": {"name": ""}}, {"metadata": {"name": 5}}])
+def test_parse_node_without_a_name_is_none(obj: dict[str, Any]) -> None:
+    assert parse_node(obj) is None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=40) | st.sampled_from(
+        ["10.244.1.0/24", "fd44::/64", "1.2.3.4", "::1", "0.0.0.0/0", "02:00:00:00:00:01", "InternalIP"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["name", "podCIDRs", "podCIDR", "addresses", "type", "address", "annotations", VTEP_MAC,
+                         VTEP_ADDRESS, "spec", "status", "metadata"]), inner, max_size=5),
+    max_leaves=30,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["metadata", "spec", "status", "kind"]), json_values, max_size=4))
+def test_parse_node_never_raises_and_keeps_its_promises(obj: dict[str, Any]) -> None:
+    info = parse_node(obj)
+    if info is None:
+        return
+    versions = [c.version for c in info.pod_cidrs]
+    assert len(versions) == len(set(versions)) <= 2
+    assert all(c.prefixlen <= c.max_prefixlen - 2 for c in info.pod_cidrs)
+    assert all(not (a.is_loopback or a.is_multicast or a.is_unspecified) for a in info.internal_ips)
+    assert info.vtep is None or parse_mac(info.vtep.mac) == info.vtep.mac
+    assert len(info.problems) <= 8
+
+
+# ---------------------------------------------------------------- the plan
+
+
+LAN = net("192.168.77.0/24")
+ME = Local(
+    "n1",
+    (net("10.244.1.0/24"), net("fd44:0:0:1::/64")),
+    (LAN, net("fd77::/64")),
+    Vtep("02:00:00:00:00:01", ip("192.168.77.1")),
+)
+
+
+def peer(name: str, i: int, under: str, v6_under: str | None = None, vtep: bool = True) -> NodeInfo:
+    ips = (ip(under),) + ((ip(v6_under),) if v6_under else ())
+    return NodeInfo(name, (net(f"10.244.{i}.0/24"), net(f"fd44:0:0:{i}::/64")), ips,
+                    Vtep(f"02:00:00:00:00:{i:02x}", ip(under)) if vtep else None)  # fmt: skip
+
+
+def test_auto_is_direct_on_the_segment_and_vxlan_beyond_it() -> None:
+    nodes = [peer("n1", 1, "192.168.77.1"), peer("n2", 2, "192.168.77.2", "fd77::2"), peer("n4", 4, "192.168.78.4")]
+    want = desired(ME, nodes, "auto")
+    assert want.state.routes[net("10.244.2.0/24")] == RouteSpec(net("10.244.2.0/24"), ip("192.168.77.2"), False)
+    assert want.state.routes[net("fd44:0:0:2::/64")] == RouteSpec(net("fd44:0:0:2::/64"), ip("fd77::2"), False)
+    assert want.state.routes[net("10.244.4.0/24")] == RouteSpec(net("10.244.4.0/24"), ip("10.244.4.0"), True)
+    assert want.state.routes[net("fd44:0:0:4::/64")] == RouteSpec(net("fd44:0:0:4::/64"), ip("fd44:0:0:4::"), True)
+    assert want.state.fdb == {"02:00:00:00:00:04": ip("192.168.78.4")}
+    assert want.state.neigh == {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"}
+    assert want.paths == {("n2", 4): "direct", ("n2", 6): "direct", ("n4", 4): "vxlan", ("n4", 6): "vxlan"}
+    assert want.unrouted == {}
+
+
+def test_each_mode_says_why_a_peer_is_not_routed() -> None:
+    far_no_vtep = peer("n4", 4, "192.168.78.4", vtep=False)
+    assert "not on a subnet" in desired(ME, [far_no_vtep], "direct").unrouted[("n4", 4)]
+    assert "not published a VTEP" in desired(ME, [far_no_vtep], "vxlan").unrouted[("n4", 4)]
+    auto = desired(ME, [far_no_vtep], "auto").unrouted[("n4", 6)]
+    assert "no IPv6 InternalIP" in auto and "not published a VTEP" in auto
+    v6_vtep = peer("n5", 5, "192.168.78.5")._replace(vtep=Vtep("02:00:00:00:00:05", ip("fd78::5")))
+    assert "other underlay family" in desired(ME, [v6_vtep], "vxlan").unrouted[("n5", 4)]
+    assert (
+        "this node has no VXLAN device" in desired(ME._replace(vtep=None), [far_no_vtep], "vxlan").unrouted[("n4", 4)]
+    )
+
+
+def test_conflicts_are_settled_by_name_whatever_the_order() -> None:
+    a = peer("a", 7, "192.168.78.7")
+    b = peer("b", 7, "192.168.78.8")._replace(vtep=Vtep("02:00:00:00:00:09", ip("192.168.78.8")))  # same podCIDR
+    c = peer("c", 9, "192.168.78.9")._replace(vtep=a.vtep)  # a's VTEP MAC
+    mine = peer("m", 1, "192.168.77.9")  # overlaps this node's own podCIDR
+    for order in ([a, b, c, mine], [mine, c, b, a]):
+        want = desired(ME, order, "auto")
+        assert want.paths[("a", 4)] == "vxlan"
+        assert "overlaps node a's" in want.unrouted[("b", 4)]
+        assert "already node a's" in want.unrouted[("c", 4)]
+        assert "overlaps node n1's" in want.unrouted[("m", 4)]
+
+
+def test_changes_touch_only_what_differs() -> None:
+    want = desired(ME, [peer("n2", 2, "192.168.77.2", "fd77::2"), peer("n4", 4, "192.168.78.4")], "auto").state
+    assert not changes(want, State(dict(want.routes), dict(want.fdb), dict(want.neigh)))
+    stale = RouteSpec(net("10.244.9.0/24"), ip("192.168.77.9"), False)
+    have = State(
+        {**want.routes, stale.dst: stale},
+        {"02:00:00:00:00:04": ip("192.168.78.40"), "02:00:00:00:00:09": ip("1.1.1.1")},
+        {},
+    )
+    ch = changes(want, have)
+    assert ch.routes_set == [] and ch.routes_del == [stale]
+    assert ch.fdb_set == [("02:00:00:00:00:04", ip("192.168.78.4"))] and ch.fdb_del == [
+        ("02:00:00:00:00:09", ip("1.1.1.1"))
+    ]
+    assert len(ch.neigh_set) == 2 and ch.total() == 5
+
+
+# ---------------------------------------------------------------- the subnets file
+
+
+def test_subnets_file_round_trip_and_refusals(tmp_path: Path) -> None:
+    p = tmp_path / "s.json"
+    assert read(str(p)) is None
+    p.write_bytes(NodeSubnets("n1", ("10.244.1.0/24", "fd44::/64"), 1450).dumps())
+    assert read(str(p)) == NodeSubnets("n1", ("10.244.1.0/24", "fd44::/64"), 1450)
+    for bad in ("{", "[]", '{"format": 2}', '{"format": 1, "node": 1, "podCIDRs": []}',
+                '{"format": 1, "node": "n", "podCIDRs": ["a", "b", "c"]}',
+                '{"format": 1, "node": "n", "podCIDRs": [], "mtu": 10}'):  # fmt: skip
+        p.write_text(bad)
+        with pytest.raises(SubnetsError, match=str(p)):
+            read(str(p))
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values)
+def test_subnets_reader_never_raises_anything_but_subnets_error(doc: Any) -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(doc if not isinstance(doc, dict) else {"format": 1, **doc}, f)
+        f.flush()
+        try:
+            got = read(f.name)
+        except SubnetsError:
+            return
+        assert got is not None and isinstance(got.node, str) and len(got.pod_cidrs) <= 2
+
+
+nets = st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False), st.integers(0, 2**32 - 1), st.integers(8, 30))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(nets, max_size=30))
+def test_claims_agree_with_pairwise_overlap(candidates: list[ipaddress.IPv4Network]) -> None:
+    from cni.cluster.plan import _Claims
+
+    claims, kept = _Claims(), []
+    for n in candidates:
+        brute = next((str(k) for k in kept if k.overlaps(n)), None)
+        got = claims.owner_overlapping(n)
+        assert (got is None) == (brute is None)
+        if got is None:
+            claims.add(n, str(n))
+            kept.append(n)
