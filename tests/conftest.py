@@ -26,10 +26,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from csidriver import Driver  # tests/csidriver.py (imported when used: it brings grpc and the CSI plugin)
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
@@ -329,3 +333,18 @@ def spawn_agent() -> Iterator[Callable[..., AgentProcess]]:
             agent.proc.kill()
             agent.proc.wait()
         shutil.rmtree(agent.root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the CSI plugin on a temporary root (csi tests)
+
+
+@pytest.fixture
+async def csi_driver() -> AsyncIterator[Driver]:
+    """The CSI plugin with its default config on a fresh temporary root, served on its real socket; everything it
+    mounted or attached under the root is removed at teardown (tests/csidriver.py)."""
+    if not IS_ROOT:
+        pytest.skip("needs root: the CSI driver creates loop devices and mounts")
+    from csidriver import running_driver
+
+    async with running_driver() as d:
+        yield d

@@ -9,13 +9,12 @@ in flight on a volume is ABORTED.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
-from grpc import aio
-from test_csi_harness import Driver, cap, running_driver
+from csidriver import Driver, cap, expect  # tests/csidriver.py: the CSI plugin on a temporary root
 
 from nodeplug import __version__
 from nodeplug.api.csi.v1 import csi_pb2
@@ -27,18 +26,8 @@ UNKNOWN_ID = "vol-00000000000000000000000000000000"
 
 
 @pytest.fixture
-async def d() -> AsyncIterator[Driver]:
-    async with running_driver() as drv:
-        yield drv
-
-
-async def expect(call: Any, code: grpc.StatusCode, needle: str = "") -> str:
-    with pytest.raises(aio.AioRpcError) as e:
-        await call
-    assert e.value.code() == code, e.value.details()
-    details = e.value.details() or ""
-    assert needle in details, details
-    return details
+def d(csi_driver: Driver) -> Driver:
+    return csi_driver
 
 
 async def staged_volume(d: Driver, name: str = "pvc-c") -> str:

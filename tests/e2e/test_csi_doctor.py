@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_csi_harness import running_driver
+from csidriver import running_driver  # tests/csidriver.py: the CSI plugin on a temporary root
 
 from csi.config import Config
 from csi.doctor import checks

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi import loopdev
 from csi.backends import fileops
@@ -22,13 +22,6 @@ from nodeplug.paths import Root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 MIB = 1 << 20
-
-
-def sh(*argv: str) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 @pytest.fixture
