@@ -4,9 +4,10 @@ Node prerequisites: loop devices (``losetup`` and a free device), ``mkfs.ext4`` 
 btrfs backend is configured, the ``btrfs`` tool and a btrfs filesystem at the configured path.
 
 End to end, when the agent is running: the check plays the external-provisioner and kubelet through the CSI socket —
-CreateVolume (16 MiB), NodeStageVolume, NodePublishVolume into a temporary directory under kubelet's directory, write
-a file and read it back through the published path, then NodeUnpublishVolume, NodeUnstageVolume and DeleteVolume.
-Whatever it created is torn down even when a step fails.
+CreateVolume (16 MiB), NodeStageVolume and NodePublishVolume at paths of kubelet's shapes under kubelet's directory
+(named ``nodeplug-doctor-<random>``), write a file and read it back through the published path, then
+NodeUnpublishVolume, NodeUnstageVolume and DeleteVolume. Whatever it created is torn down even when a step fails
+(directories only while empty: never a recursive delete).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from csi.plugin import csi_socket_default, registration_socket_default
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.checks import Check, CheckFailed, CheckSkipped
 from nodeplug.commands import CommandError, arun
-from nodeplug.paths import PLUGINS_DIR
 from nodeplug.plugin import AgentContext
 
 DOCTOR_BYTES = 16 << 20
@@ -83,15 +82,32 @@ def _cap() -> Any:
     )
 
 
+def _make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; return the directories this call created, deepest last."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    for p in missing:
+        p.mkdir(mode=0o750)
+    return missing
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """Remove directories :func:`_make_dirs` created, deepest first, only while empty (never a recursive delete)."""
+    for p in reversed(made):
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
 async def _lifecycle(config: Config, ctx: AgentContext) -> str:
     sock = ctx.root(csi_socket_default(config.driver_name))
     if not sock.exists():
         raise CheckSkipped(f"the agent is not running (no socket at {sock})")
-    work_parent = ctx.root(f"{PLUGINS_DIR}/{config.driver_name}")
-    work = Path(tempfile.mkdtemp(prefix="doctor-", dir=work_parent))
-    staging, target = work / "staging", work / "target"
-    staging.mkdir()
-    name = f"nodeplug-doctor-{secrets.token_hex(4)}"
+    tag = secrets.token_hex(4)
+    name = f"nodeplug-doctor-{tag}"
+    kubelet = ctx.root(config.kubelet_dir)
+    # where kubelet would stage and publish it (the driver accepts kubelet's shapes only)
+    staging = kubelet / "plugins/kubernetes.io/csi" / config.driver_name / name / "globalmount"
+    target = kubelet / "pods" / name / "volumes/kubernetes.io~csi" / name / "mount"
+    made = await asyncio.to_thread(lambda: _make_dirs(staging) + _make_dirs(target.parent))
     volume_id = ""
     stage_done = publish_done = False
     async with aio.insecure_channel(f"unix://{sock}") as ch:
@@ -143,8 +159,7 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
             raise CheckFailed(f"{e.code().name}: {e.details()}") from e
         finally:
             await _cleanup(node, ctl, volume_id, staging, target, stage_done, publish_done)
-            with contextlib.suppress(OSError):
-                shutil.rmtree(work)
+            await asyncio.to_thread(_remove_dirs, made)
     return f"created, staged, published, wrote and read back 4 KiB, tore down a {DOCTOR_BYTES >> 20} MiB volume"
 
 

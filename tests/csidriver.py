@@ -153,7 +153,7 @@ class Driver:
 
     def cleanup_host(self) -> None:
         for point in sorted(self.mounts_under_root(), key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+            subprocess.run(["umount", "-l", "-i", point], capture_output=True, check=False)
         for dev in self.loops_under_root():
             subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
 

@@ -137,7 +137,7 @@ async def test_stage_rules(d: Driver) -> None:
     await expect(d.stage(vid, block=True), grpc.StatusCode.FAILED_PRECONDITION, "access type")
     await expect(d.stage(vid, fs="xfs"), grpc.StatusCode.FAILED_PRECONDITION, "ext4")
     await expect(d.stage(vid, flags=("noexec",)), grpc.StatusCode.ALREADY_EXISTS, "noexec")  # incompatible repeat
-    other = d.kubelet / "plugins" / "elsewhere"
+    other = d.kubelet / "plugins" / "kubernetes.io" / "csi" / "pv" / "elsewhere" / "globalmount"
     other.mkdir(parents=True)
     req = csi_pb2.NodeStageVolumeRequest(volume_id=vid, staging_target_path=str(other), volume_capability=cap())
     await expect(d.node.NodeStageVolume(req), grpc.StatusCode.FAILED_PRECONDITION, "already staged")

@@ -35,6 +35,8 @@ async def test_doctor_runs_a_whole_lifecycle_through_the_socket() -> None:
         assert d.mounts_under_root() == [] and d.loops_under_root() == []
         plugin_dir = d.root / "var/lib/kubelet/plugins/local.csi.nodeplug.io"
         assert sorted(p.name for p in plugin_dir.iterdir()) == ["csi.sock"]
+        assert sorted(p.name for p in d.kubelet.iterdir()) == ["plugins", "plugins_registry"]  # no pods/, no staging
+        assert sorted(p.name for p in (d.kubelet / "plugins").iterdir()) == ["local.csi.nodeplug.io"]
 
         await d.stop()
         with pytest.raises(CheckSkipped, match="not running"):
