@@ -2,8 +2,10 @@
 
 A group snapshot freezes every staged ext4/xfs member, copies them all, then thaws, so the members are write-order
 consistent with each other; volumes that cannot be frozen while in use (staged block volumes, staged btrfs
-subvolumes) make a multi-volume group FAILED_PRECONDITION, as the spec's error table asks. Constructed by the plugin
-as ``GroupControllerServicer(manager)``.
+subvolumes) make a multi-volume group FAILED_PRECONDITION, as the spec's error table asks. Get and Delete answer by
+the group id first, as the reference driver does (an unknown group is NOT_FOUND, or already deleted), and check the
+request's member list only against a group that exists. Constructed by the plugin as
+``GroupControllerServicer(manager)``.
 """
 
 from __future__ import annotations
@@ -54,8 +56,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
 
     @rpc
     async def DeleteVolumeGroupSnapshot(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        required("group_snapshot_id", request.group_snapshot_id)
-        required("snapshot_ids", list(request.snapshot_ids))
+        required("group_snapshot_id", request.group_snapshot_id)  # snapshot_ids: checked once the group is found
         await asyncio.to_thread(
             self.manager.delete_group_snapshot, request.group_snapshot_id, list(request.snapshot_ids)
         )
@@ -63,8 +64,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
 
     @rpc
     async def GetVolumeGroupSnapshot(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        required("group_snapshot_id", request.group_snapshot_id)
-        required("snapshot_ids", list(request.snapshot_ids))
+        required("group_snapshot_id", request.group_snapshot_id)  # snapshot_ids: checked once the group is found
         g, members = await asyncio.to_thread(
             self.manager.get_group_snapshot, request.group_snapshot_id, list(request.snapshot_ids)
         )

@@ -239,6 +239,9 @@ class SnapshotOps:
         return [s for s in (self.store.get_snapshot(i) for i in g.snapshot_ids) if s is not None]
 
     def _check_members(self, g: GroupSnapshot, snapshot_ids: list[str]) -> None:
+        """The caller's member list must be the group's (checked once the group is known to exist)."""
+        if not snapshot_ids:
+            raise InvalidArgument("snapshot_ids: required field is missing")
         if sorted(snapshot_ids) != sorted(g.snapshot_ids):
             raise InvalidArgument(
                 f"snapshot_ids: group snapshot {g.group_snapshot_id} holds {sorted(g.snapshot_ids)}, "
@@ -256,8 +259,7 @@ class SnapshotOps:
             g = self.store.get_group_snapshot(group_snapshot_id)
             if g is None:
                 return
-            if snapshot_ids:
-                self._check_members(g, snapshot_ids)
+            self._check_members(g, snapshot_ids)
             for s in self._members(g):
                 self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
             self.store.delete_group_snapshot(group_snapshot_id)
@@ -268,10 +270,14 @@ class SnapshotOps:
     def get_group_snapshot(
         self, group_snapshot_id: str, snapshot_ids: list[str]
     ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        validate_id("group_snapshot_id", group_snapshot_id)
+        if not group_snapshot_id:
+            raise InvalidArgument("group_snapshot_id: required field is missing")
+        try:
+            validate_id("group_snapshot_id", group_snapshot_id)
+        except InvalidArgument:  # an id this driver never issues: no such group
+            raise NotFound(f"group snapshot {group_snapshot_id[:128]!r} does not exist") from None
         g = self.store.get_group_snapshot(group_snapshot_id)
         if g is None:
             raise NotFound(f"group snapshot {group_snapshot_id} does not exist")
-        if snapshot_ids:
-            self._check_members(g, snapshot_ids)
+        self._check_members(g, snapshot_ids)
         return g, self._members(g)

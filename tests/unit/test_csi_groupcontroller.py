@@ -156,3 +156,27 @@ async def test_group_busy_volume_is_aborted(env: Env) -> None:
             ),
         )
     assert not (await env.snaps.ListSnapshots(csi_pb2.ListSnapshotsRequest())).entries
+
+
+@pytest.mark.parametrize("group_id", ["group-00000000000000000000000000000000", "invalid-id", "../x"])
+async def test_an_unknown_group_is_answered_by_its_id_first(env: Env, group_id: str) -> None:
+    """As the reference driver and csi-sanity have it: a group that does not exist is NOT_FOUND for Get and already
+    deleted for Delete, whether or not snapshot_ids were sent; the member list is checked against a group that is."""
+    await expect(
+        grpc.StatusCode.NOT_FOUND,
+        env.stub.GetVolumeGroupSnapshot(csi_pb2.GetVolumeGroupSnapshotRequest(group_snapshot_id=group_id)),
+        "does not exist",
+    )
+    await env.stub.DeleteVolumeGroupSnapshot(csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=group_id))
+    await env.stub.DeleteVolumeGroupSnapshot(
+        csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=group_id, snapshot_ids=["snap-1"])
+    )
+    g = await env.stub.CreateVolumeGroupSnapshot(
+        csi_pb2.CreateVolumeGroupSnapshotRequest(name="g", source_volume_ids=volumes(env.manager, 1))
+    )
+    gid = g.group_snapshot.group_snapshot_id
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    await expect(
+        bad, env.stub.DeleteVolumeGroupSnapshot(csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=gid))
+    )
+    assert env.manager.store.get_group_snapshot(gid) is not None  # a delete without the member list changed nothing
