@@ -142,20 +142,36 @@ class Driver:
     # ------------------------------------------------------------ host views
 
     def mounts_under_root(self) -> list[str]:
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4] for line in f]
-        return [p for p in points if p.startswith(str(self.root) + "/")]
+        return mounts_under(self.root)
 
     def loops_under_root(self) -> list[str]:
-        out = subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True, check=False).stdout
-        devs = json.loads(out).get("loopdevices", []) if out.strip() else []
-        return [d["name"] for d in devs if str(d.get("back-file") or "").startswith(str(self.root) + "/")]
+        return loops_under(self.root)
 
     def cleanup_host(self) -> None:
-        for point in sorted(self.mounts_under_root(), key=len, reverse=True):
-            subprocess.run(["umount", "-l", "-i", point], capture_output=True, check=False)
-        for dev in self.loops_under_root():
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+        cleanup_under(self.root)
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points below ``root``."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p.startswith(str(root) + "/")]
+
+
+def loops_under(root: Path) -> list[str]:
+    """Loop devices whose backing file is below ``root``."""
+    out = subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True, check=False).stdout
+    devs = json.loads(out).get("loopdevices", []) if out.strip() else []
+    return [d["name"] for d in devs if str(d.get("back-file") or "").startswith(str(root) + "/")]
+
+
+def cleanup_under(root: Path) -> None:
+    """Unmount everything below ``root`` (deepest first, no umount helpers) and detach the loop devices over files
+    below it: what a failed test may leave."""
+    for point in sorted(mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", "-i", point], capture_output=True, check=False)
+    for dev in loops_under(root):
+        subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
 
 
 @contextlib.asynccontextmanager
