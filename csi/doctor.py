@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
 
 from grpc import aio
 
@@ -75,7 +74,7 @@ def _btrfs(config: Config, ctx: AgentContext) -> Check:
     return Check("csi", "btrfs backend", run)
 
 
-def _cap() -> Any:
+def _cap() -> csi_pb2.VolumeCapability:
     Cap = csi_pb2.VolumeCapability
     return Cap(
         mount=Cap.MountVolume(fs_type="ext4"), access_mode=Cap.AccessMode(mode=Cap.AccessMode.SINGLE_NODE_WRITER)
@@ -158,7 +157,15 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
         except aio.AioRpcError as e:
             raise CheckFailed(f"{e.code().name}: {e.details()}") from e
         finally:
-            await _cleanup(node, ctl, volume_id, staging, target, stage_done, publish_done)
+            await _cleanup(
+                node,
+                ctl,
+                volume_id=volume_id,
+                staging=staging,
+                target=target,
+                stage_done=stage_done,
+                publish_done=publish_done,
+            )
             await asyncio.to_thread(_remove_dirs, made)
     return f"created, staged, published, wrote and read back 4 KiB, tore down a {DOCTOR_BYTES >> 20} MiB volume"
 
@@ -173,7 +180,14 @@ def _write_read(path: Path, payload: bytes) -> None:
 
 
 async def _cleanup(
-    node: Any, ctl: Any, volume_id: str, staging: Path, target: Path, stage_done: bool, publish_done: bool
+    node: csi_pb2_grpc.NodeStub,
+    ctl: csi_pb2_grpc.ControllerStub,
+    *,
+    volume_id: str,
+    staging: Path,
+    target: Path,
+    stage_done: bool,
+    publish_done: bool,
 ) -> None:
     if not volume_id:
         return

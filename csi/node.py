@@ -30,14 +30,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-from grpc import aio
+from typing import TypeVar
 
 from csi import nodestats
 from csi.config import TOPOLOGY_KEY, Config
 from csi.errors import FailedPrecondition, InvalidArgument
-from csi.grpcerrors import rpc
+from csi.grpcerrors import Context, rpc
 from csi.locks import OperationLocks
 from csi.model import validate_id
 from csi.nodehost import EPHEMERAL_KEY, NodeHost, PublishSpec, StageSpec
@@ -60,15 +58,17 @@ SINGLE_TARGET_MODES = frozenset(
 )
 
 
-def capability(
-    request: Any, field: str = "volume_capability", required: bool = True
-) -> tuple[str, str, tuple[str, ...], int]:
-    """(access type "mount"/"block", fs type, mount flags, access mode) from a VolumeCapability field."""
-    if not request.HasField(field):
+CapabilityRequest = csi_pb2.NodeStageVolumeRequest | csi_pb2.NodePublishVolumeRequest | csi_pb2.NodeExpandVolumeRequest
+
+
+def capability(request: CapabilityRequest, required: bool = True) -> tuple[str, str, tuple[str, ...], int]:
+    """(access type "mount"/"block", fs type, mount flags, access mode) from the request's ``volume_capability``."""
+    field = "volume_capability"
+    if not request.HasField("volume_capability"):
         if required:
             raise InvalidArgument(f"{field}: required field is missing")
         return "", "", (), _Mode.UNKNOWN
-    cap = getattr(request, field)
+    cap = request.volume_capability
     kind = cap.WhichOneof("access_type")
     if kind is None:
         raise InvalidArgument(f"{field}.access_type: expected mount or block")
@@ -107,16 +107,20 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     # ------------------------------------------------------------ stage
 
     @rpc
-    async def NodeStageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeStageVolume(
+        self, request: csi_pb2.NodeStageVolumeRequest, context: Context
+    ) -> csi_pb2.NodeStageVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
         kind, fs_type, flags, _ = capability(request)
-        spec = StageSpec(volume_id, staging, kind, fs_type, flags)
+        spec = StageSpec(volume_id=volume_id, staging=staging, kind=kind, fs_type=fs_type, flags=flags)
         await self._locked(volume_id, lambda: self.host.stage(spec))
         return csi_pb2.NodeStageVolumeResponse()
 
     @rpc
-    async def NodeUnstageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: Context
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
         await self._locked(volume_id, lambda: self.host.unstage(volume_id, staging))
@@ -125,7 +129,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     # ------------------------------------------------------------ publish
 
     @rpc
-    async def NodePublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: Context
+    ) -> csi_pb2.NodePublishVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         if not request.target_path:
             raise InvalidArgument("target_path: required field is missing")
@@ -156,7 +162,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodePublishVolumeResponse()
 
     @rpc
-    async def NodeUnpublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: Context
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         target = await self._path("target_path", request.target_path, TARGET_SHAPES)
 
@@ -173,7 +181,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     # ------------------------------------------------------------ stats and expansion
 
     @rpc
-    async def NodeGetVolumeStats(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetVolumeStats(
+        self, request: csi_pb2.NodeGetVolumeStatsRequest, context: Context
+    ) -> csi_pb2.NodeGetVolumeStatsResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         stats = await asyncio.to_thread(
             lambda: nodestats.stats(self.host, volume_id, lookup_path("volume_path", request.volume_path))
@@ -196,7 +206,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=cond)
 
     @rpc
-    async def NodeExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeExpandVolume(
+        self, request: csi_pb2.NodeExpandVolumeRequest, context: Context
+    ) -> csi_pb2.NodeExpandVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         path = await asyncio.to_thread(lookup_path, "volume_path", request.volume_path)
         kind, _, _, _ = capability(request, required=False)
@@ -204,13 +216,17 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0
         if required < 0 or limit < 0 or (limit and required > limit):
             raise InvalidArgument("capacity_range: expected 0 <= required_bytes <= limit_bytes")
-        size = await self._locked(volume_id, lambda: nodestats.expand(self.host, volume_id, path, kind, required))
+        size = await self._locked(
+            volume_id, lambda: nodestats.expand(self.host, volume_id, path, kind=kind, required=required)
+        )
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     # ------------------------------------------------------------ info
 
     @rpc
-    async def NodeGetCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: Context
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
         caps = [
             _NodeCap.STAGE_UNSTAGE_VOLUME,
             _NodeCap.GET_VOLUME_STATS,
@@ -223,7 +239,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         )
 
     @rpc
-    async def NodeGetInfo(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetInfo(self, request: csi_pb2.NodeGetInfoRequest, context: Context) -> csi_pb2.NodeGetInfoResponse:
         return csi_pb2.NodeGetInfoResponse(
             node_id=self.node_id,
             max_volumes_per_node=self.config.max_volumes_per_node,

@@ -28,7 +28,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from csi import holders, loopdev, mounts
@@ -311,7 +311,15 @@ class NodeHost:
                 raise Internal.from_command(e, f"publishing volume {v.volume_id}") from e
             undo.callback(mounts.unmount_top, spec.target)
             created = created or bool(existing and existing.created)  # made by the driver before a reboot
-            self.store.put_publish(PublishRecord(v.volume_id, target, spec.readonly, rec.staging_path, created))
+            self.store.put_publish(
+                PublishRecord(
+                    volume_id=v.volume_id,
+                    target_path=target,
+                    readonly=spec.readonly,
+                    staging_path=rec.staging_path,
+                    created=created,
+                )
+            )
             undo.pop_all()
         self.log.info("published", volume_id=v.volume_id, target=target, readonly=spec.readonly)
 
@@ -408,14 +416,22 @@ class NodeHost:
         is_new = self.store.get_volume_by_name(spec.volume_id) is None
         try:
             v = self.manager.create_volume(
-                spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
+                spec.volume_id,
+                capacity_range=CapacityRange(required_bytes=size),
+                access_type=kind,
+                fs_type=fs,
+                backend=backend,
+                parameters=params,
+                ephemeral=True,
             )
         except InvalidArgument as e:  # for an inline volume the parameters are the volume_context
             raise InvalidArgument(str(e).replace("parameters.", "volume_context.", 1)) from e
         staging = self.ephemeral_dir / validate_id("volume_id", spec.volume_id)
         try:
-            self.stage(StageSpec(v.volume_id, staging, kind, "", spec.flags))
-            self.publish(PublishSpec(v.volume_id, spec.target, staging, kind, "", spec.flags, spec.readonly, False))
+            self.stage(StageSpec(volume_id=v.volume_id, staging=staging, kind=kind, fs_type="", flags=spec.flags))
+            self.publish(
+                replace(spec, volume_id=v.volume_id, staging=staging, kind=kind, fs_type="", single_target=False)
+            )
         except Exception:
             if is_new:  # undo only what this call made; a failed repeat leaves the working volume alone
                 with contextlib.suppress(Exception):

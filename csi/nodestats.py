@@ -9,7 +9,7 @@ kernel's filesystem error reports: :func:`csi.mounts.fs_problem`). Synchronous; 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,10 +77,10 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
         return fs
     total = v.capacity_bytes
     avail = max(0, min(fs.available_bytes, total - used))
-    return mounts.FsStats(total, avail, used, fs.total_inodes, fs.free_inodes, fs.used_inodes)
+    return replace(fs, total_bytes=total, available_bytes=avail, used_bytes=used)
 
 
-def expand(host: NodeHost, volume_id: str, path: Path, kind: str, required: int) -> int:
+def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
     v = host.volume(volume_id)
     rec, _ = _where(host, v, path)
     if v.is_subvolume:

@@ -365,5 +365,9 @@ class StateStore:
 
 def _publish(row: sqlite3.Row) -> PublishRecord:
     return PublishRecord(
-        row["volume_id"], row["target_path"], bool(row["readonly"]), row["staging_path"], bool(row["created"])
+        volume_id=row["volume_id"],
+        target_path=row["target_path"],
+        readonly=bool(row["readonly"]),
+        staging_path=row["staging_path"],
+        created=bool(row["created"]),
     )

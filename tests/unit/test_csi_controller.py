@@ -472,7 +472,7 @@ async def test_delete_get_list_snapshots(env: Env) -> None:
     rest = await env.stub.ListSnapshots(L(max_entries=2, starting_token=page.next_token))
     assert [e.snapshot.snapshot_id for e in rest.entries] == [ids[2]] and not rest.next_token
     await expect(grpc.StatusCode.ABORTED, env.stub.ListSnapshots(L(starting_token="nope")))
-    path = Path(env.manager.get_snapshot(ids[0]).path)
+    path = Path(env.manager.snapshots.get_snapshot(ids[0]).path)
     await env.stub.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=ids[0]))
     assert gone(path)
     await env.stub.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=ids[0]))
@@ -486,7 +486,7 @@ async def test_state_survives_a_restart(env: Env, tmp_path: Path) -> None:
     m2 = VolumeManager(store2, cfg, root=Root(tmp_path))
     try:
         assert m2.get_volume(v.volume_id).capacity_bytes == 16 * MIB
-        again = m2.create_volume("pvc-1", CapacityRange(16 * MIB), "mount", "", "", {})
+        again = m2.create_volume("pvc-1", capacity_range=CapacityRange(16 * MIB), access_type="mount")
         assert again.volume_id == v.volume_id
     finally:
         store2.close()
@@ -568,7 +568,7 @@ async def test_operations_on_a_volume_whose_file_is_gone(env: Env) -> None:
     src = csi_pb2.VolumeContentSource(volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=v.volume_id))
     await expect(fp, env.stub.CreateVolume(create_req("clone-lost", volume_content_source=src)), "is missing")
     assert env.manager.get_volume(v.volume_id).capacity_bytes == 16 * MIB  # nothing half-changed
-    assert env.manager.list_snapshots()[0] == [] and env.manager.unrecorded() == []
+    assert env.manager.snapshots.list_snapshots()[0] == [] and env.manager.unrecorded() == []
     await env.stub.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))
 
 

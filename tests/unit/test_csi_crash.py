@@ -36,7 +36,7 @@ cfg = Config(node_id="n1")
 m = VolumeManager(StateStore(root(cfg.data_dir) / "state.db"), cfg, root=root)
 for i in range(100000):
     print(i, flush=True)
-    m.create_volume(f"pvc-{i}", CapacityRange(8 << 20), "mount", "ext4", "", {})
+    m.create_volume(f"pvc-{i}", capacity_range=CapacityRange(8 << 20), access_type="mount", fs_type="ext4")
 """
 
 
@@ -63,7 +63,7 @@ def test_kill_9_during_creates(tmp_path: Path, delay: float) -> None:
             f.seek(0x438)
             assert f.read(2) == b"\x53\xef"  # the ext4 superblock magic: the file was complete when recorded
     for i in started:  # the CO retries whatever it did not see finish
-        v = m.create_volume(f"pvc-{i}", CapacityRange(8 << 20), "mount", "ext4", "", {})
+        v = m.create_volume(f"pvc-{i}", capacity_range=CapacityRange(8 << 20), access_type="mount", fs_type="ext4")
         assert os.stat(v.path).st_size == 8 << 20
     assert len(m.list_volumes()[0]) == len(started)
     assert m.unrecorded() == []  # the interrupted attempt's leftover was replaced, not leaked

@@ -54,7 +54,10 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
 
 
 def volumes(m: VolumeManager, n: int, access: str = "mount") -> list[str]:
-    return [m.create_volume(f"gv{i}-{access}", CapacityRange(4 * MIB), access, "", "", {}).volume_id for i in range(n)]
+    return [
+        m.create_volume(f"gv{i}-{access}", capacity_range=CapacityRange(4 * MIB), access_type=access).volume_id
+        for i in range(n)
+    ]
 
 
 async def expect(code: grpc.StatusCode, call: object, needle: str = "") -> None:
@@ -120,7 +123,7 @@ async def test_group_snapshot_lifecycle(env: Env) -> None:
         env.stub.DeleteVolumeGroupSnapshot(D(group_snapshot_id=g.group_snapshot_id, snapshot_ids=["snap-1"])),
         "snapshot_ids",
     )
-    paths = [env.manager.get_snapshot(i).path for i in member_ids]
+    paths = [env.manager.snapshots.get_snapshot(i).path for i in member_ids]
     await env.stub.DeleteVolumeGroupSnapshot(D(group_snapshot_id=g.group_snapshot_id, snapshot_ids=member_ids))
     assert all(gone(p) for p in paths)
     await env.stub.DeleteVolumeGroupSnapshot(D(group_snapshot_id=g.group_snapshot_id, snapshot_ids=member_ids))
