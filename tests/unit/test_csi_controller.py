@@ -12,7 +12,6 @@ import asyncio
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -604,27 +603,24 @@ async def test_status_codes_reach_the_agents_rpc_metrics(tmp_path: Path) -> None
 
 
 async def test_a_volume_being_recorded_is_never_counted_twice(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A create holds its bytes until its volume is recorded, then the record counts: never both at once. A space
-    check made while the record is being written must find what the first create left, not less."""
+    """A create holds its bytes until its volume is recorded, then the record counts: never both at once. The record
+    is written and the hold released under the space lock, so a space check by another create, which takes that
+    lock, sees one or the other: what the first create left, never less."""
     monkeypatch.setattr(fileops, "free_bytes", lambda _path: 64 * MIB)
     store = env.manager.store
     write = store.put_volume
-    seen: list[int] = []
-    looked = threading.Event()
+    seen: list[tuple[bool, int]] = []
 
-    def look() -> None:
-        seen.append(env.manager.get_capacity({}))
-        looked.set()
-
-    def write_then_look(volume: Any) -> None:
+    def write_under_the_lock(volume: Any) -> None:
+        space = env.manager._space
+        seen.append((space.locked(), env.manager._reserved.get("loopfile", 0)))  # held, and the bytes still held
         write(volume)
-        threading.Thread(target=look).start()  # a second create's check, exactly now
-        looked.wait(0.5)  # it runs at once unless the recording holds the space lock (then it runs after)
 
-    monkeypatch.setattr(store, "put_volume", write_then_look)
+    monkeypatch.setattr(store, "put_volume", write_under_the_lock)
     await env.stub.CreateVolume(create_req("first", size=32 * MIB, volume_capabilities=[cap(block=True)]))
-    assert looked.wait(10)
-    assert seen == [32 * MIB]  # 64 MiB free, 32 MiB promised to the first volume (a sparse file, nothing written)
+    assert seen == [(True, 32 * MIB)]
+    assert env.manager._reserved.get("loopfile", 0) == 0  # released with the record, under the same lock
+    assert env.manager.get_capacity({}) == 32 * MIB  # 64 MiB free, 32 MiB promised to the first volume (sparse)
 
 
 async def test_concurrent_creates_never_promise_more_than_the_disk(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """kill -9 in the middle of volume creation loses nothing and duplicates nothing.
 
-A child process creates loop-file volumes in a loop and is killed with SIGKILL at a random moment; the state store
+A child process creates loop-file volumes in a loop and is killed with SIGKILL at a chosen step of a create; the store
 reopened afterwards lists only complete volumes (file present, full size, formatted), and repeating every
 CreateVolume the child may have started succeeds, replacing any leftover of the interrupted one.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from csi.config import Config
+from csi.model import derive_id
 from csi.state import StateStore
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.paths import Root
@@ -40,14 +41,27 @@ for i in range(100000):
 """
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.013, 0.029, 0.047])
-def test_kill_9_during_creates(tmp_path: Path, delay: float) -> None:
+def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """Until ``path`` exists (the create in flight reached that step), polled finely: a step lasts milliseconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.lexists(path):
+        assert child.poll() is None, "the child stopped creating"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.0005)
+
+
+@pytest.mark.parametrize("moment", ["announced", "building", "renamed"])
+def test_kill_9_during_creates(tmp_path: Path, moment: str) -> None:
+    """Killed at a known step of a create in flight: as it starts, while its file is being built (a temporary file),
+    and just after the file was renamed into place (before or as it is recorded)."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
     )
     assert child.stdout is not None
     started = [int(child.stdout.readline()) for _ in range(3)]  # creating steadily by now (imports are slow)
-    time.sleep(delay)  # then die at some moment inside a create
+    if moment != "announced":
+        final = Root(tmp_path)(Config().data_dir) / "volumes" / f"{derive_id('vol', f'pvc-{started[-1] + 1}')}.img"
+        _wait_for(final.with_name(f".tmp-{final.name}") if moment == "building" else final, child)
     os.kill(child.pid, signal.SIGKILL)
     out, _ = child.communicate(timeout=30)
     started += [int(line) for line in out.split()]
