@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Protocol
 
-from csi import mounts
+from csi import holders, mounts
 from csi.backends import Backend, fileops
 from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from csi.locks import OperationLocks
@@ -30,6 +31,11 @@ from nodeplug.log import get_logger
 _log = get_logger("csi")
 # Keys the CO's sidecars add themselves (external-provisioner --extra-create-metadata, snapshotter): ignored.
 PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
+
+
+def _mounted_there(v: Volume, path: str) -> bool:
+    """True when volume ``v``'s filesystem is what is mounted at ``path`` (see :mod:`csi.holders`)."""
+    return mounts.is_mounted(path) and holders.holds(v, Path(v.path), path)
 
 
 class VolumeAccess(Protocol):
@@ -69,7 +75,7 @@ class Snapshots:
             if v.is_block:
                 if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
                     fileops.flush_device(stage.device)
-            elif mounts.is_mounted(stage.staging_path):
+            elif _mounted_there(v, stage.staging_path):  # this volume's filesystem, not whatever is mounted there
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
@@ -83,7 +89,7 @@ class Snapshots:
         thawed = []
         for rec in self.store.list_stages():
             v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not mounts.is_mounted(rec.staging_path):
+            if v is None or v.is_block or v.is_subvolume or not _mounted_there(v, rec.staging_path):
                 continue
             if fileops.thaw(rec.staging_path):
                 _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)

@@ -264,3 +264,25 @@ def test_thaw_all_after_a_crash_while_frozen(
         (m / "writable").write_text("again")
         assert manager.snapshots.thaw_all() == []  # nothing frozen: nothing to do
         manager.store.delete_stage(v.volume_id)
+
+
+def test_freeze_and_thaw_touch_only_the_volumes_own_filesystem(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path], loop_device: Callable[[int], str]
+) -> None:
+    """A stage record pointing at a path where another filesystem is mounted (another volume's, anybody's): a
+    snapshot neither freezes it nor does the start-up thaw touch it when it is frozen on purpose."""
+    v = manager.create_volume("mine", capacity_range=CapacityRange(16 * MIB), access_type="mount", fs_type="ext4")
+    foreign = loop_device(16 * MIB)
+    sh("mkfs.ext4", "-q", foreign)
+    staging = mounts(tmp_path / "kubelet" / "staging")
+    staging.mkdir(parents=True)
+    sh("mount", foreign, str(staging))
+    manager.store.put_stage(StageRecord(v.volume_id, str(staging), ""))
+    sh("fsfreeze", "-f", str(staging))  # frozen by its owner
+    try:
+        assert manager.snapshots.thaw_all() == []
+        s = manager.snapshots.create_snapshot("mine-snap", v.volume_id, {})  # does not freeze (or thaw) it either
+        assert s.ready_to_use
+    finally:
+        sh("fsfreeze", "-u", str(staging), check=False)
+        manager.store.delete_stage(v.volume_id)
