@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from csidriver import Driver  # tests/csidriver.py (imported when used: it brings grpc and the CSI plugin)
+if TYPE_CHECKING:  # tests/csidriver.py, tests/csicontroller.py (imported when used: they bring grpc and the CSI core)
+    from csicontroller import ControllerEnv
+    from csidriver import Driver
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
@@ -348,3 +349,15 @@ async def csi_driver() -> AsyncIterator[Driver]:
 
     async with running_driver() as d:
         yield d
+
+
+@pytest.fixture
+async def csi_controller(tmp_path: Path) -> AsyncIterator[ControllerEnv]:
+    """The Controller and GroupController services over a unix socket, on loop-file volumes under ``tmp_path``
+    (tests/csicontroller.py); no root needed."""
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs mkfs.ext4 (e2fsprogs)")
+    from csicontroller import serve_controller
+
+    async with serve_controller(tmp_path) as env:
+        yield env

@@ -188,11 +188,12 @@ async def running_driver(config: Config | None = None, root: Path | None = None)
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def expect(call: Any, code: grpc.StatusCode, needle: str = "") -> str:
-    """Await ``call``, which must fail with ``code`` and a message containing ``needle``; return the message."""
+async def expect(call: Any, code: grpc.StatusCode, *needles: str) -> str:
+    """Await ``call``, which must fail with ``code`` and a message containing every needle; return the message."""
     with pytest.raises(aio.AioRpcError) as e:
         await call
     assert e.value.code() == code, e.value.details()
     details = e.value.details() or ""
-    assert needle in details, details
+    for needle in needles:
+        assert needle in details, details
     return details
