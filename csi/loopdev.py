@@ -42,16 +42,15 @@ def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tupl
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
-def device_numbers(backing: Path, sys_block: Path = Path("/sys/block")) -> dict[int, str]:
-    """Device number (``st_rdev``) to device path of every loop device attached to ``backing``, from sysfs."""
-    out = {}
-    for dev, _ in devices_of(backing, sys_block):
-        try:
-            major, minor = (sys_block / os.path.basename(dev) / "dev").read_text().strip().split(":")
-            out[os.makedev(int(major), int(minor))] = dev
-        except (OSError, ValueError):
-            continue
-    return out
+def device_of_number(number: int, sys_dev_block: Path = Path("/sys/dev/block")) -> tuple[str, str] | None:
+    """(loop device, its backing file) for a device number (``st_dev``/``st_rdev``), or None when that number is not
+    an attached loop device. One sysfs lookup, whatever the number of loop devices on the host."""
+    node = sys_dev_block / f"{os.major(number)}:{os.minor(number)}"
+    try:
+        back = (node / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+    except OSError:
+        return None
+    return f"/dev/{os.path.basename(os.path.realpath(node))}", back
 
 
 def is_read_only(device: str) -> bool:

@@ -225,6 +225,17 @@ class NodeHost:
         mounts.unmount_top(spec.staging)
         return True
 
+    def _unmount_own(self, v: Volume, path: Path) -> mounts.MountEntry | None:
+        """Unmount volume ``v``'s mounts stacked at ``path``, top first, stopping at anything that is not ``v``;
+        return that (None when nothing is mounted there any more)."""
+        backing = self.backing(v)
+        for _ in range(16):
+            entry = mounts.find_mount(path)
+            if entry is None or not holders.holds(v, backing, path):
+                return entry
+            mounts.unmount_top(path)
+        raise Internal(f"{path}: still mounted after 16 unmounts")
+
     def _check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
         if kind and (kind == "block") != v.is_block:
             raise FailedPrecondition(
@@ -252,16 +263,17 @@ class NodeHost:
             self.store.delete_publish(volume_id, p.target_path)
         devices: list[str] = []
         if v is not None:
-            try:
-                for _ in range(16):  # this volume's mounts stacked there, and nothing below them
-                    if v.is_block or not self.holds(v, staging):
-                        break
-                    mounts.unmount_top(staging)
-            except CommandError as e:
-                raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
-            if mounts.is_mounted(staging) and not v.is_block:
+            left = None
+            if not v.is_block:  # a block volume mounts nothing at its staging path
+                try:
+                    left = self._unmount_own(v, staging)
+                except CommandError as e:
+                    raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
+            if left is not None:
                 self.log.warning(
-                    "staging path holds a mount that is not this volume's: left alone", volume_id=volume_id
+                    "unstage: the staging path holds a mount that is not this volume's: left alone",
+                    volume_id=volume_id,
+                    source=left.source,
                 )
             # every loop device over the volume's file: the staged one and read-only ones a crash left behind
             devices = [] if v.is_subvolume else [d for d, _ in loopdev.devices_of(self.backing(v))]
@@ -375,29 +387,24 @@ class NodeHost:
                 raise
             v = None
         entry = mounts.find_mount(target)
-        if entry is not None and (v is None or not holders.holds(v, self.backing(v), target)):
-            # not this volume there (any more): nothing of ours to take down, and nothing of anybody's to touch
-            self.log.warning(
-                "unpublish: the target holds a mount that is not this volume's: left alone",
-                volume_id=volume_id,
-                target=str(target),
-                source=entry.source,
-            )
-        elif v is not None and entry is not None:
+        left = entry
+        if v is not None and entry is not None and holders.holds(v, self.backing(v), target):
             ro_device = holders.loop_device_at(v, self.backing(v), target)
             if ro_device is not None and not loopdev.is_read_only(ro_device):
                 ro_device = None  # the staged device: it stays attached until unstage
             try:
-                for _ in range(16):
-                    mounts.unmount_top(target)
-                    if not self.holds(v, target):
-                        break
+                left = self._unmount_own(v, target)
             except CommandError as e:
                 raise Internal.from_command(e, f"unmounting {target}") from e
             if ro_device is not None:
                 loopdev.detach(ro_device)
-            if rec is not None and rec.created:
-                _remove_created(target)
+        if left is not None:  # not this volume there (any more): nothing of anybody's is touched
+            self.log.warning(
+                "unpublish: the target holds a mount that is not this volume's: left alone",
+                volume_id=volume_id,
+                target=str(target),
+                source=left.source,
+            )
         elif rec is not None and rec.created:
             _remove_created(target)
         if rec is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csi.errors import InvalidArgument
-from csi.loopdev import devices_of
+from csi.loopdev import device_of_number, devices_of
 from csi.mounts import MountEntry, fs_problem, fs_size, parse_mountinfo
 from csi.node import capability
 from csi.nodehost import parse_size
@@ -156,3 +156,17 @@ def test_fs_size_from_superblock(tmp_path: Path) -> None:
     assert fs_size(ext4, "ext4") == 64 << 20
     assert fs_size(xfs, "xfs") == 320 << 20
     assert fs_size(xfs, "ext4") is None and fs_size(tmp_path / "missing", "xfs") is None
+
+
+def test_a_device_number_is_looked_up_in_sysfs_once(tmp_path: Path) -> None:
+    devices = tmp_path / "sys" / "devices" / "virtual" / "block"
+    dev_block = tmp_path / "sys" / "dev" / "block"
+    dev_block.mkdir(parents=True)
+    (devices / "loop7" / "loop").mkdir(parents=True)
+    (devices / "loop7" / "loop" / "backing_file").write_text("/data/vol.img (deleted)\n")
+    (devices / "sda").mkdir(parents=True)  # not a loop device: no loop/ directory
+    os.symlink(devices / "loop7", dev_block / "7:7")
+    os.symlink(devices / "sda", dev_block / "8:0")
+    assert device_of_number(os.makedev(7, 7), dev_block) == ("/dev/loop7", "/data/vol.img")
+    assert device_of_number(os.makedev(8, 0), dev_block) is None
+    assert device_of_number(os.makedev(7, 9), dev_block) is None
