@@ -158,8 +158,7 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
             raise CheckFailed(f"{e.code().name}: {e.details()}") from e
         finally:
             await _cleanup(
-                node,
-                ctl,
+                ch,
                 volume_id=volume_id,
                 staging=staging,
                 target=target,
@@ -180,8 +179,7 @@ def _write_read(path: Path, payload: bytes) -> None:
 
 
 async def _cleanup(
-    node: csi_pb2_grpc.NodeStub,
-    ctl: csi_pb2_grpc.ControllerStub,
+    ch: aio.Channel,
     *,
     volume_id: str,
     staging: Path,
@@ -189,6 +187,7 @@ async def _cleanup(
     stage_done: bool,
     publish_done: bool,
 ) -> None:
+    node, ctl = csi_pb2_grpc.NodeStub(ch), csi_pb2_grpc.ControllerStub(ch)
     if not volume_id:
         return
     with contextlib.suppress(aio.AioRpcError):
