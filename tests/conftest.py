@@ -26,15 +26,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # tests/csidriver.py, tests/csicontroller.py (imported when used: they bring grpc and the CSI core)
-    from csicontroller import ControllerEnv
-    from csidriver import Driver
+# Shared helpers as registered plugins (their fixtures: csi_driver, csi_controller).
+pytest_plugins = ["support.csidriver", "support.csicontroller"]
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
@@ -334,30 +332,3 @@ def spawn_agent() -> Iterator[Callable[..., AgentProcess]]:
             agent.proc.kill()
             agent.proc.wait()
         shutil.rmtree(agent.root, ignore_errors=True)
-
-
-# ---------------------------------------------------------------- the CSI plugin on a temporary root (csi tests)
-
-
-@pytest.fixture
-async def csi_driver() -> AsyncIterator[Driver]:
-    """The CSI plugin with its default config on a fresh temporary root, served on its real socket; everything it
-    mounted or attached under the root is removed at teardown (tests/csidriver.py)."""
-    if not IS_ROOT:
-        pytest.skip("needs root: the CSI driver creates loop devices and mounts")
-    from csidriver import running_driver
-
-    async with running_driver() as d:
-        yield d
-
-
-@pytest.fixture
-async def csi_controller(tmp_path: Path) -> AsyncIterator[ControllerEnv]:
-    """The Controller and GroupController services over a unix socket, on loop-file volumes under ``tmp_path``
-    (tests/csicontroller.py); no root needed."""
-    if shutil.which("mkfs.ext4") is None:
-        pytest.skip("needs mkfs.ext4 (e2fsprogs)")
-    from csicontroller import serve_controller
-
-    async with serve_controller(tmp_path) as env:
-        yield env

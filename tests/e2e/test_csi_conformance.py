@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from csidriver import Driver, cap, expect  # tests/csidriver.py: the CSI plugin on a temporary root
+from support.csidriver import Driver, cap, expect
 
 from nodeplug import __version__
 from nodeplug.api.csi.v1 import csi_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from csidriver import running_driver  # tests/csidriver.py: the CSI plugin on a temporary root
+from support.csidriver import running_driver
 
 from csi.config import Config
 from csi.doctor import checks

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from csidriver import DRIVER, Driver, running_driver  # tests/csidriver.py: the CSI plugin on a temporary root
 from grpc import aio
+from support.csidriver import DRIVER, Driver, running_driver
 
 from csi.config import Config
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc

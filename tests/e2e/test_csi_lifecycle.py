@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
-from csidriver import MiB, cap, running_driver  # tests/csidriver.py: the CSI plugin on a temporary root
 from grpc import aio
+from support.csidriver import MiB, cap, running_driver
 
 from csi.config import BtrfsConfig, Config
 from nodeplug.api.csi.v1 import csi_pb2

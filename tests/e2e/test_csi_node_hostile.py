@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from csidriver import Driver, cap, expect  # tests/csidriver.py: the CSI plugin on a temporary root
+from support.csidriver import Driver, cap, expect
 
 from nodeplug.api.csi.v1 import csi_pb2
 

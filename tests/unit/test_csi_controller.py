@@ -1,9 +1,9 @@
 """Controller service conformance, from the CSI spec's error-code tables and idempotency rules: volumes.
 
-The servicer runs over real unix-socket gRPC with the real volume manager on loop-file volumes in a temp dir
-(the fixture ``csi_controller``, tests/csicontroller.py). Each RPC: missing fields are INVALID_ARGUMENT naming the
-field, compatible repeats are OK, the same name with other parameters is ALREADY_EXISTS, deleting what is gone is
-OK, a second operation on a busy volume is ABORTED.
+The servicer runs over real unix-socket gRPC with the real volume manager on loop-file volumes in a temp dir (the
+fixture ``csi_controller``, tests/support/csicontroller.py). Each RPC: missing fields are INVALID_ARGUMENT naming
+the field, compatible repeats are OK, the same name with other parameters is ALREADY_EXISTS, deleting what is gone
+is OK, a second operation on a busy volume is ABORTED.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from csicontroller import MIB, NODE, ControllerEnv, create_req, gone
-from csidriver import cap, expect
+from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
+from support.csidriver import cap, expect
 
 from csi.backends import fileops
 from csi.config import TOPOLOGY_KEY

@@ -1,5 +1,5 @@
 """Controller service: snapshots, restarts and crashes, concurrency, space accounting and RPC metrics (loop-file
-volumes in a temp dir, the fixture ``csi_controller``, tests/csicontroller.py)."""
+volumes in a temp dir, the fixture ``csi_controller``, tests/support/csicontroller.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import grpc
 import pytest
-from csicontroller import MIB, NODE, ControllerEnv, create_req, gone
-from csidriver import cap, expect
 from grpc import aio
+from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
+from support.csidriver import cap, expect
 
 from csi.backends import fileops
 from csi.config import Config

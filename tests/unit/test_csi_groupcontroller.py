@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from csicontroller import MIB, ControllerEnv, gone
-from csidriver import expect
+from support.csicontroller import MIB, ControllerEnv, gone
+from support.csidriver import expect
 
 from csi.model import StageRecord
 from csi.volumes import CapacityRange, VolumeManager

@@ -1,8 +1,8 @@
 """The Controller and GroupController services over a real unix socket, with the real volume manager on loop-file
 volumes in a temporary directory (mkfs on plain files needs no root).
 
-Shared by the controller tests through the fixture ``csi_controller`` (tests/conftest.py); request helpers are here,
-``cap`` and ``expect`` in tests/csidriver.py.
+Shared by the controller tests through its fixture ``csi_controller`` (tests/conftest.py registers this module as a
+plugin); request helpers are here, ``cap`` and ``expect`` in :mod:`support.csidriver`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from csidriver import cap
+import pytest
 from grpc import aio
 
 from csi.config import Config
@@ -26,6 +26,7 @@ from csi.state import StateStore
 from csi.volumes import VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.paths import Root
+from support.csidriver import cap
 
 MIB = 1 << 20
 NODE = "node-a"
@@ -67,3 +68,13 @@ def create_req(name: str = "pvc-1", size: int = 16 * MIB, **kw: Any) -> csi_pb2.
 
 def gone(p: str | Path) -> bool:
     return not os.path.lexists(p)
+
+
+@pytest.fixture
+async def csi_controller(tmp_path: Path) -> AsyncIterator[ControllerEnv]:
+    """The Controller and GroupController services over a unix socket, on loop-file volumes under ``tmp_path``; no
+    root needed."""
+    if shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs mkfs.ext4 (e2fsprogs)")
+    async with serve_controller(tmp_path) as env:
+        yield env

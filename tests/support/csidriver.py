@@ -1,16 +1,17 @@
 """The CSI plugin on a temporary root, driven through its unix socket as kubelet and the CSI sidecars drive it.
 
-Shared by the CSI tests (the fixture ``csi_driver`` in tests/conftest.py, or :func:`running_driver` for a root or
-config of their own): :class:`Driver` starts the plugin with ``csi.plugin.create`` on a short temporary root (unix
-socket paths are limited to 107 bytes), talks to it with the generated stubs over the real socket, lays out staging
-and target paths in kubelet's shapes, restarts the plugin on the same root, and at teardown removes every mount and
-loop device left under the root even when a test failed.
+Shared by the CSI tests: its fixture ``csi_driver`` (tests/conftest.py registers this module as a plugin), or
+:func:`running_driver` for a root or config of their own. :class:`Driver` starts the plugin with
+``csi.plugin.create`` on a short temporary root (unix socket paths are limited to 107 bytes), talks to it with the
+generated stubs over the real socket, lays out staging and target paths in kubelet's shapes, restarts the plugin on
+the same root, and at teardown removes every mount and loop device left under the root even when a test failed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -197,3 +198,13 @@ async def expect(call: Any, code: grpc.StatusCode, *needles: str) -> str:
     for needle in needles:
         assert needle in details, details
     return details
+
+
+@pytest.fixture
+async def csi_driver() -> AsyncIterator[Driver]:
+    """The CSI plugin with its default config on a fresh temporary root, served on its real socket; everything it
+    mounted or attached under the root is removed at teardown."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the CSI driver creates loop devices and mounts")
+    async with running_driver() as d:
+        yield d
