@@ -14,10 +14,11 @@ from typing import Any
 
 import grpc
 import pytest
-from support.csidriver import Driver, cap, expect
 
 from nodeplug import __version__
 from nodeplug.api.csi.v1 import csi_pb2
+
+from support.csidriver import Driver, cap, expect
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 

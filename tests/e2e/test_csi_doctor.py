@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from support.csidriver import running_driver
 
 from csi.config import Config
 from csi.doctor import checks
 from nodeplug.checks import CheckSkipped
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
+from support.csidriver import running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 

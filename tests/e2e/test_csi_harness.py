@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from grpc import aio
-from support.csidriver import DRIVER, Driver, running_driver
 
 from csi.config import Config
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2, api_pb2_grpc
+
+from support.csidriver import DRIVER, Driver, running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 

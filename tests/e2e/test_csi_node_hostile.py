@@ -13,9 +13,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.csidriver import Driver, cap, expect
 
 from nodeplug.api.csi.v1 import csi_pb2
+
+from support.csidriver import Driver, cap, expect
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, AgentProcess, sh
+
 from support.csidriver import DRIVER, cleanup_under, loops_under, mounts_under
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the driver creates loop devices and mounts")

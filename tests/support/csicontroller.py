@@ -26,6 +26,7 @@ from csi.state import StateStore
 from csi.volumes import VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.paths import Root
+
 from support.csidriver import cap
 
 MIB = 1 << 20

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
-from support.csidriver import cap, expect
 
 from csi.backends import fileops
 from csi.config import TOPOLOGY_KEY
 from csi.controller import CONTROLLER_CAPABILITIES
 from csi.model import PublishRecord, StageRecord
 from nodeplug.api.csi.v1 import csi_pb2
+
+from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
+from support.csidriver import cap, expect
 
 pytestmark = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="needs mkfs.ext4 (e2fsprogs)")
 _Mode = csi_pb2.VolumeCapability.AccessMode

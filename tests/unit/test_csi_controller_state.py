@@ -13,8 +13,6 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
-from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
-from support.csidriver import cap, expect
 
 from csi.backends import fileops
 from csi.config import Config
@@ -25,6 +23,9 @@ from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.grpcserve import UnixGrpcServer
 from nodeplug.metrics import Metrics
 from nodeplug.paths import Root
+
+from support.csicontroller import MIB, NODE, ControllerEnv, create_req, gone
+from support.csidriver import cap, expect
 
 pytestmark = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="needs mkfs.ext4 (e2fsprogs)")
 _Mode = csi_pb2.VolumeCapability.AccessMode

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from support.csicontroller import MIB, ControllerEnv, gone
-from support.csidriver import expect
 
 from csi.model import StageRecord
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
+
+from support.csicontroller import MIB, ControllerEnv, gone
+from support.csidriver import expect
 
 
 @dataclass
