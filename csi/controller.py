@@ -15,15 +15,14 @@ stages straight from the node), so ControllerPublish/Unpublish and ControllerMod
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable
-from typing import Any
 
 from google.protobuf import timestamp_pb2, wrappers_pb2
-from grpc import aio
 
 from csi.config import TOPOLOGY_KEY
 from csi.errors import InvalidArgument, ResourceExhausted, Unimplemented
-from csi.grpcerrors import rpc
+from csi.grpcerrors import Context, rpc
 from csi.model import Condition, Snapshot, Volume, VolumeSource
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
@@ -54,12 +53,12 @@ CONTROLLER_CAPABILITIES = (
 )
 
 
-def required(field: str, value: Any) -> None:
+def required(field: str, value: object) -> None:
     if not value:
         raise InvalidArgument(f"{field}: required field is missing")
 
 
-def parse_capabilities(caps: Iterable[Any], field: str = "volume_capabilities") -> tuple[str, str]:
+def parse_capabilities(caps: Iterable[csi_pb2.VolumeCapability], field: str = "volume_capabilities") -> tuple[str, str]:
     """(access type, fs type) that every capability in ``caps`` agrees on; INVALID_ARGUMENT naming the culprit."""
     caps = list(caps)
     required(field, caps)
@@ -92,7 +91,7 @@ def _timestamp(t: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def snapshot_message(s: Snapshot) -> Any:
+def snapshot_message(s: Snapshot) -> csi_pb2.Snapshot:
     return csi_pb2.Snapshot(
         size_bytes=s.size_bytes,
         snapshot_id=s.snapshot_id,
@@ -109,10 +108,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     # ------------------------------------------------------------ helpers
 
-    def _topology(self) -> Any:
+    def _topology(self) -> csi_pb2.Topology:
         return csi_pb2.Topology(segments=self.manager.topology)
 
-    def _volume_message(self, v: Volume) -> Any:
+    def _volume_message(self, v: Volume) -> csi_pb2.Volume:
         src = None
         if v.source_snapshot_id:
             src = csi_pb2.VolumeContentSource(
@@ -130,7 +129,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             accessible_topology=[self._topology()],
         )
 
-    def _check_topology(self, req: Any) -> None:
+    def _check_topology(self, req: csi_pb2.CreateVolumeRequest) -> None:
         """RESOURCE_EXHAUSTED when the requisite topologies all exclude this node.
 
         Preferred topologies alone do not bind: without a requisite list the spec lets the plugin choose any
@@ -150,7 +149,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
 
     @staticmethod
-    def _source(req: Any) -> VolumeSource | None:
+    def _source(req: csi_pb2.CreateVolumeRequest) -> VolumeSource | None:
         if not req.HasField("volume_content_source"):
             return None
         cs = req.volume_content_source
@@ -166,40 +165,50 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     # ------------------------------------------------------------ volumes
 
     @rpc
-    async def CreateVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def CreateVolume(
+        self, request: csi_pb2.CreateVolumeRequest, context: Context
+    ) -> csi_pb2.CreateVolumeResponse:
         required("name", request.name)
         access_type, fs_type = parse_capabilities(request.volume_capabilities)
         self._check_topology(request)
         source = self._source(request)
         cr = request.capacity_range
-        v = await asyncio.to_thread(
+        create = functools.partial(
             self.manager.create_volume,
             request.name,
-            CapacityRange(cr.required_bytes, cr.limit_bytes),
-            access_type,
-            fs_type,
-            "",
-            dict(request.parameters),
-            source,
+            capacity_range=CapacityRange(cr.required_bytes, cr.limit_bytes),
+            access_type=access_type,
+            fs_type=fs_type,
+            parameters=dict(request.parameters),
+            source=source,
         )
+        v = await asyncio.to_thread(create)
         return csi_pb2.CreateVolumeResponse(volume=self._volume_message(v))
 
     @rpc
-    async def DeleteVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def DeleteVolume(
+        self, request: csi_pb2.DeleteVolumeRequest, context: Context
+    ) -> csi_pb2.DeleteVolumeResponse:
         required("volume_id", request.volume_id)
         await asyncio.to_thread(self.manager.delete_volume, request.volume_id)
         return csi_pb2.DeleteVolumeResponse()
 
     @rpc
-    async def ControllerPublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerPublishVolume(
+        self, request: csi_pb2.ControllerPublishVolumeRequest, context: Context
+    ) -> csi_pb2.ControllerPublishVolumeResponse:
         raise Unimplemented("ControllerPublishVolume: not supported (no PUBLISH_UNPUBLISH_VOLUME capability)")
 
     @rpc
-    async def ControllerUnpublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerUnpublishVolume(
+        self, request: csi_pb2.ControllerUnpublishVolumeRequest, context: Context
+    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
         raise Unimplemented("ControllerUnpublishVolume: not supported (no PUBLISH_UNPUBLISH_VOLUME capability)")
 
     @rpc
-    async def ValidateVolumeCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ValidateVolumeCapabilities(
+        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: Context
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
         required("volume_id", request.volume_id)
         required("volume_capabilities", list(request.volume_capabilities))
         v = await asyncio.to_thread(self.manager.get_volume, request.volume_id)
@@ -225,7 +234,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
 
     @rpc
-    async def ListVolumes(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ListVolumes(self, request: csi_pb2.ListVolumesRequest, context: Context) -> csi_pb2.ListVolumesResponse:
         def page() -> tuple[list[tuple[Volume, Condition]], str]:
             vols, token = self.manager.list_volumes(request.max_entries, request.starting_token)
             return [(v, self.manager.volume_condition(v.volume_id, quick=True)) for v in vols], token
@@ -243,7 +252,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.ListVolumesResponse(entries=entries, next_token=token)
 
     @rpc
-    async def GetCapacity(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def GetCapacity(self, request: csi_pb2.GetCapacityRequest, context: Context) -> csi_pb2.GetCapacityResponse:
         if list(request.volume_capabilities):
             try:
                 parse_capabilities(request.volume_capabilities)
@@ -258,12 +267,16 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
 
     @rpc
-    async def ControllerGetCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerGetCapabilities(
+        self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: Context
+    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
         caps = [csi_pb2.ControllerServiceCapability(rpc=_Cap(type=t)) for t in CONTROLLER_CAPABILITIES]
         return csi_pb2.ControllerGetCapabilitiesResponse(capabilities=caps)
 
     @rpc
-    async def ControllerExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerExpandVolume(
+        self, request: csi_pb2.ControllerExpandVolumeRequest, context: Context
+    ) -> csi_pb2.ControllerExpandVolumeResponse:
         required("volume_id", request.volume_id)
         if not request.HasField("capacity_range"):
             raise InvalidArgument("capacity_range: required field is missing")
@@ -282,7 +295,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=size, node_expansion_required=node)
 
     @rpc
-    async def ControllerGetVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerGetVolume(
+        self, request: csi_pb2.ControllerGetVolumeRequest, context: Context
+    ) -> csi_pb2.ControllerGetVolumeResponse:
         required("volume_id", request.volume_id)
         v, cond = await asyncio.to_thread(
             lambda: (self.manager.get_volume(request.volume_id), self.manager.volume_condition(request.volume_id))
@@ -293,40 +308,49 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.ControllerGetVolumeResponse(volume=self._volume_message(v), status=status)
 
     @rpc
-    async def ControllerModifyVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def ControllerModifyVolume(
+        self, request: csi_pb2.ControllerModifyVolumeRequest, context: Context
+    ) -> csi_pb2.ControllerModifyVolumeResponse:
         raise Unimplemented("ControllerModifyVolume: not supported (no MODIFY_VOLUME capability)")
 
     # ------------------------------------------------------------ snapshots
 
     @rpc
-    async def CreateSnapshot(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def CreateSnapshot(
+        self, request: csi_pb2.CreateSnapshotRequest, context: Context
+    ) -> csi_pb2.CreateSnapshotResponse:
         required("name", request.name)
         required("source_volume_id", request.source_volume_id)
         s = await asyncio.to_thread(
-            self.manager.create_snapshot, request.name, request.source_volume_id, dict(request.parameters)
+            self.manager.snapshots.create_snapshot, request.name, request.source_volume_id, dict(request.parameters)
         )
         return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(s))
 
     @rpc
-    async def DeleteSnapshot(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def DeleteSnapshot(
+        self, request: csi_pb2.DeleteSnapshotRequest, context: Context
+    ) -> csi_pb2.DeleteSnapshotResponse:
         required("snapshot_id", request.snapshot_id)
-        await asyncio.to_thread(self.manager.delete_snapshot, request.snapshot_id)
+        await asyncio.to_thread(self.manager.snapshots.delete_snapshot, request.snapshot_id)
         return csi_pb2.DeleteSnapshotResponse()
 
     @rpc
-    async def ListSnapshots(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        snaps, token = await asyncio.to_thread(
-            self.manager.list_snapshots,
-            request.max_entries,
-            request.starting_token,
-            request.source_volume_id,
-            request.snapshot_id,
+    async def ListSnapshots(
+        self, request: csi_pb2.ListSnapshotsRequest, context: Context
+    ) -> csi_pb2.ListSnapshotsResponse:
+        page = functools.partial(
+            self.manager.snapshots.list_snapshots,
+            max_entries=request.max_entries,
+            starting_token=request.starting_token,
+            source_volume_id=request.source_volume_id,
+            snapshot_id=request.snapshot_id,
         )
+        snaps, token = await asyncio.to_thread(page)
         entries = [csi_pb2.ListSnapshotsResponse.Entry(snapshot=snapshot_message(s)) for s in snaps]
         return csi_pb2.ListSnapshotsResponse(entries=entries, next_token=token)
 
     @rpc
-    async def GetSnapshot(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def GetSnapshot(self, request: csi_pb2.GetSnapshotRequest, context: Context) -> csi_pb2.GetSnapshotResponse:
         required("snapshot_id", request.snapshot_id)
-        s = await asyncio.to_thread(self.manager.get_snapshot, request.snapshot_id)
+        s = await asyncio.to_thread(self.manager.snapshots.get_snapshot, request.snapshot_id)
         return csi_pb2.GetSnapshotResponse(snapshot=snapshot_message(s))

@@ -4,9 +4,10 @@ Node prerequisites: loop devices (``losetup`` and a free device), ``mkfs.ext4`` 
 btrfs backend is configured, the ``btrfs`` tool and a btrfs filesystem at the configured path.
 
 End to end, when the agent is running: the check plays the external-provisioner and kubelet through the CSI socket —
-CreateVolume (16 MiB), NodeStageVolume, NodePublishVolume into a temporary directory under kubelet's directory, write
-a file and read it back through the published path, then NodeUnpublishVolume, NodeUnstageVolume and DeleteVolume.
-Whatever it created is torn down even when a step fails.
+CreateVolume (16 MiB), NodeStageVolume and NodePublishVolume at paths of kubelet's shapes under kubelet's directory
+(named ``nodeplug-doctor-<random>``), write a file and read it back through the published path, then
+NodeUnpublishVolume, NodeUnstageVolume and DeleteVolume. Whatever it created is torn down even when a step fails
+(directories only while empty: never a recursive delete).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from grpc import aio
 
@@ -27,7 +26,6 @@ from csi.plugin import csi_socket_default, registration_socket_default
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.checks import Check, CheckFailed, CheckSkipped
 from nodeplug.commands import CommandError, arun
-from nodeplug.paths import PLUGINS_DIR
 from nodeplug.plugin import AgentContext
 
 DOCTOR_BYTES = 16 << 20
@@ -76,22 +74,39 @@ def _btrfs(config: Config, ctx: AgentContext) -> Check:
     return Check("csi", "btrfs backend", run)
 
 
-def _cap() -> Any:
+def _cap() -> csi_pb2.VolumeCapability:
     Cap = csi_pb2.VolumeCapability
     return Cap(
         mount=Cap.MountVolume(fs_type="ext4"), access_mode=Cap.AccessMode(mode=Cap.AccessMode.SINGLE_NODE_WRITER)
     )
 
 
+def _make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; return the directories this call created, deepest last."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    for p in missing:
+        p.mkdir(mode=0o750)
+    return missing
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """Remove directories :func:`_make_dirs` created, deepest first, only while empty (never a recursive delete)."""
+    for p in reversed(made):
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
 async def _lifecycle(config: Config, ctx: AgentContext) -> str:
     sock = ctx.root(csi_socket_default(config.driver_name))
     if not sock.exists():
         raise CheckSkipped(f"the agent is not running (no socket at {sock})")
-    work_parent = ctx.root(f"{PLUGINS_DIR}/{config.driver_name}")
-    work = Path(tempfile.mkdtemp(prefix="doctor-", dir=work_parent))
-    staging, target = work / "staging", work / "target"
-    staging.mkdir()
-    name = f"nodeplug-doctor-{secrets.token_hex(4)}"
+    tag = secrets.token_hex(4)
+    name = f"nodeplug-doctor-{tag}"
+    kubelet = ctx.root(config.kubelet_dir)
+    # where kubelet would stage and publish it (the driver accepts kubelet's shapes only)
+    staging = kubelet / "plugins/kubernetes.io/csi" / config.driver_name / name / "globalmount"
+    target = kubelet / "pods" / name / "volumes/kubernetes.io~csi" / name / "mount"
+    made = await asyncio.to_thread(lambda: _make_dirs(staging) + _make_dirs(target.parent))
     volume_id = ""
     stage_done = publish_done = False
     async with aio.insecure_channel(f"unix://{sock}") as ch:
@@ -142,9 +157,15 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
         except aio.AioRpcError as e:
             raise CheckFailed(f"{e.code().name}: {e.details()}") from e
         finally:
-            await _cleanup(node, ctl, volume_id, staging, target, stage_done, publish_done)
-            with contextlib.suppress(OSError):
-                shutil.rmtree(work)
+            await _cleanup(
+                ch,
+                volume_id=volume_id,
+                staging=staging,
+                target=target,
+                stage_done=stage_done,
+                publish_done=publish_done,
+            )
+            await asyncio.to_thread(_remove_dirs, made)
     return f"created, staged, published, wrote and read back 4 KiB, tore down a {DOCTOR_BYTES >> 20} MiB volume"
 
 
@@ -158,8 +179,15 @@ def _write_read(path: Path, payload: bytes) -> None:
 
 
 async def _cleanup(
-    node: Any, ctl: Any, volume_id: str, staging: Path, target: Path, stage_done: bool, publish_done: bool
+    ch: aio.Channel,
+    *,
+    volume_id: str,
+    staging: Path,
+    target: Path,
+    stage_done: bool,
+    publish_done: bool,
 ) -> None:
+    node, ctl = csi_pb2_grpc.NodeStub(ch), csi_pb2_grpc.ControllerStub(ch)
     if not volume_id:
         return
     with contextlib.suppress(aio.AioRpcError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from grpc import aio
@@ -25,6 +25,8 @@ from nodeplug.commands import CommandError
 from nodeplug.log import get_logger
 
 _log = get_logger("csi")
+
+Context: TypeAlias = aio.ServicerContext[Any, Any]  # what a servicer method gets as its second argument
 
 R = TypeVar("R")
 S = TypeVar("S")
@@ -44,12 +46,12 @@ def status_of(err: BaseException) -> tuple[grpc.StatusCode, str]:
 
 
 def rpc(
-    method: Callable[[S, Q, aio.ServicerContext[Any, Any]], Awaitable[R]],
-) -> Callable[[S, Q, aio.ServicerContext[Any, Any]], Awaitable[R]]:
+    method: Callable[[S, Q, Context], Awaitable[R]],
+) -> Callable[[S, Q, Context], Awaitable[R]]:
     """Decorate a grpc.aio servicer method so domain errors abort the call with their status code."""
 
     @functools.wraps(method)
-    async def wrapper(self: S, request: Q, context: aio.ServicerContext[Any, Any]) -> R:
+    async def wrapper(self: S, request: Q, context: Context) -> R:
         try:
             return await method(self, request, context)
         except aio.AbortError:

@@ -8,13 +8,11 @@ spec's "plugin is unhealthy"), so the CO's liveness probe restarts the agent.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from google.protobuf import wrappers_pb2
-from grpc import aio
 
 from csi.errors import FailedPrecondition
-from csi.grpcerrors import rpc
+from csi.grpcerrors import Context, rpc
 from nodeplug import __version__
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 
@@ -25,7 +23,7 @@ _Service = csi_pb2.PluginCapability.Service
 _Expansion = csi_pb2.PluginCapability.VolumeExpansion
 
 
-def plugin_capabilities() -> list[Any]:
+def plugin_capabilities() -> list[csi_pb2.PluginCapability]:
     return [
         csi_pb2.PluginCapability(service=_Service(type=_Service.CONTROLLER_SERVICE)),
         csi_pb2.PluginCapability(service=_Service(type=_Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
@@ -41,15 +39,19 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
         self._probe = probe
 
     @rpc
-    async def GetPluginInfo(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def GetPluginInfo(
+        self, request: csi_pb2.GetPluginInfoRequest, context: Context
+    ) -> csi_pb2.GetPluginInfoResponse:
         return csi_pb2.GetPluginInfoResponse(name=self.driver_name, vendor_version=self.vendor_version)
 
     @rpc
-    async def GetPluginCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: Context
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
         return csi_pb2.GetPluginCapabilitiesResponse(capabilities=plugin_capabilities())
 
     @rpc
-    async def Probe(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def Probe(self, request: csi_pb2.ProbeRequest, context: Context) -> csi_pb2.ProbeResponse:
         try:
             ready = await self._probe()
         except Exception as e:

@@ -42,6 +42,25 @@ def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tupl
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
+def device_of_number(number: int, sys_dev_block: Path = Path("/sys/dev/block")) -> tuple[str, str] | None:
+    """(loop device, its backing file) for a device number (``st_dev``/``st_rdev``), or None when that number is not
+    an attached loop device. One sysfs lookup, whatever the number of loop devices on the host."""
+    node = sys_dev_block / f"{os.major(number)}:{os.minor(number)}"
+    try:
+        back = (node / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+    except OSError:
+        return None
+    return f"/dev/{os.path.basename(os.path.realpath(node))}", back
+
+
+def is_read_only(device: str) -> bool:
+    """True when the loop device was attached read-only (``losetup -r``)."""
+    try:
+        return Path(f"/sys/block/{os.path.basename(device)}/ro").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
 def rw_device(backing: Path) -> str | None:
     """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing."""
     return next((dev for dev, ro in devices_of(backing) if not ro), None)
@@ -49,15 +68,23 @@ def rw_device(backing: Path) -> str | None:
 
 def attach_rw(backing: Path) -> str:
     """The read-write loop device of ``backing``, attaching one when there is none."""
-    dev = rw_device(backing)
-    if dev is None:
-        try:
-            dev = run(["losetup", "-f", "--show", str(backing)], timeout=TIMEOUT).strip()
-        except CommandError as e:
-            raise Internal.from_command(e, f"attaching {backing.name}") from e
-        if not dev.startswith("/dev/loop"):
-            raise Internal(f"losetup -f --show {backing}: unexpected output {dev!r}")
-    return dev
+    return attach(backing)[0]
+
+
+def attach(backing: Path, read_only: bool = False) -> tuple[str, bool]:
+    """A loop device over ``backing`` and whether this call attached it: the read-write one is reused when there is
+    one; a read-only one (``read_only``) is always new."""
+    dev = None if read_only else rw_device(backing)
+    if dev is not None:
+        return dev, False
+    argv = ["losetup", *(["-r"] if read_only else []), "-f", "--show", str(backing)]
+    try:
+        dev = run(argv, timeout=TIMEOUT).strip()
+    except CommandError as e:
+        raise Internal.from_command(e, f"attaching {backing.name}") from e
+    if not dev.startswith("/dev/loop"):
+        raise Internal(f"{' '.join(argv)}: unexpected output {dev!r}")
+    return dev, True
 
 
 def detach(device: str, wait: float = RELEASE_WAIT) -> None:

@@ -156,9 +156,14 @@ class StageRecord:
 
 @dataclass(frozen=True)
 class PublishRecord:
-    """A volume published to a target path (bind mount of the staging path or device)."""
+    """A volume published to a target path (bind mount of the staging path or device).
+
+    ``created``: the driver created the target (directory, or file for a device node) and removes it on unpublish;
+    a target that was there before is left where it was.
+    """
 
     volume_id: str
     target_path: str
     readonly: bool
     staging_path: str
+    created: bool = False

@@ -1,14 +1,17 @@
 """The CSI Node service: stage, publish, stats and expansion of this node's volumes.
 
 Shape of every mutating RPC: validate the request (a missing or bad field is INVALID_ARGUMENT naming it; paths must be
-absolute, free of ``..`` and, symlinks resolved, inside kubelet's directory), look the volume up (NOT_FOUND), take the
+absolute, free of ``..`` and, symlinks resolved, have the shape kubelet gives staging and target paths, and mount
+flags must be acceptable: :mod:`csi.noderequests`), look the volume up (NOT_FOUND), take the
 volume's operation lock (a second operation in flight is ABORTED), then do the host work in a worker thread
 (``asyncio.to_thread``) so the event loop never blocks on mount, losetup or mkfs (resolving the request's paths
 runs in a worker too). NodeGetVolumeStats and NodeExpandVolume only compare their path with the records, so any
 other path is NOT_FOUND (:func:`lookup_path`).
 
-Host truth over records. Whether something is mounted is read from ``/proc/self/mountinfo`` and which loop device
-backs a file from the kernel (:mod:`csi.loopdev`), so every step is idempotent and re-runnable: after a reboot the
+Host truth over records. Whether something is mounted is read from ``/proc/self/mountinfo``, which loop device
+backs a file from the kernel (:mod:`csi.loopdev`) and whether a mount is this volume's from the kernel too
+(:mod:`csi.holders`), so every step is idempotent and re-runnable and never adopts or removes another volume's
+mount: after a reboot the
 loop devices and mounts are gone while the stage record remains, and the next NodeStageVolume simply re-attaches and
 re-mounts. Records (stage, publish) say what kubelet asked for, so unstage/unpublish/stats know what to look at.
 
@@ -25,20 +28,26 @@ SINGLE_NODE_READER_ONLY access mode is FAILED_PRECONDITION (spec table for plugi
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from grpc import aio
-
+from csi import nodestats
 from csi.config import TOPOLOGY_KEY, Config
 from csi.errors import FailedPrecondition, InvalidArgument
-from csi.grpcerrors import rpc
+from csi.grpcerrors import Context, rpc
 from csi.locks import OperationLocks
 from csi.model import validate_id
 from csi.nodehost import EPHEMERAL_KEY, NodeHost, PublishSpec, StageSpec
+from csi.noderequests import (
+    BLOCK_TARGET,
+    MOUNT_TARGET,
+    STAGING_SHAPES,
+    TARGET_SHAPES,
+    checked_flags,
+    checked_path,
+    lookup_path,
+)
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 
 T = TypeVar("T")
@@ -47,61 +56,19 @@ _NodeCap = csi_pb2.NodeServiceCapability.RPC
 SINGLE_TARGET_MODES = frozenset(
     {_Mode.SINGLE_NODE_WRITER, _Mode.SINGLE_NODE_READER_ONLY, _Mode.SINGLE_NODE_SINGLE_WRITER}
 )
-_FLAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*(=[A-Za-z0-9_.:/+@-]*)?")
-_FORBIDDEN_FLAGS = frozenset({"bind", "rbind", "remount", "move", "make-shared", "make-private", "loop"})
 
 
-def checked_path(field: str, value: str, kubelet_dir: Path, required: bool = True) -> Path | None:
-    """``value`` resolved (symlinks followed) if it is absolute and inside ``kubelet_dir``; else INVALID_ARGUMENT."""
-    if not value:
-        if required:
-            raise InvalidArgument(f"{field}: required field is missing")
-        return None
-    if "\0" in value or not value.startswith("/"):
-        raise InvalidArgument(f"{field}: expected an absolute path, got {value[:256]!r}")
-    if ".." in Path(value).parts:
-        raise InvalidArgument(f"{field}: must not contain '..', got {value[:256]!r}")
-    resolved = Path(os.path.realpath(value))
-    base = Path(os.path.realpath(kubelet_dir))
-    if resolved == base or base not in resolved.parents:
-        raise InvalidArgument(f"{field}: expected a path inside {base} (after resolving symlinks), got {value[:256]!r}")
-    return resolved
+CapabilityRequest = csi_pb2.NodeStageVolumeRequest | csi_pb2.NodePublishVolumeRequest | csi_pb2.NodeExpandVolumeRequest
 
 
-def lookup_path(field: str, value: str) -> Path:
-    """A path only compared with the driver's records (stats, expand): required, resolved when absolute.
-
-    These RPCs never act on the path they are given, only on paths recorded when the volume was staged or published
-    (which passed :func:`checked_path`), so a path outside kubelet's directory or a relative one is simply not where
-    the volume is: NOT_FOUND, as the spec's tables say, rather than INVALID_ARGUMENT.
-    """
-    if not value:
-        raise InvalidArgument(f"{field}: required field is missing")
-    if "\0" in value:
-        raise InvalidArgument(f"{field}: must not contain NUL")
-    return Path(os.path.realpath(value)) if value.startswith("/") else Path(value)
-
-
-def checked_flags(flags: Any) -> tuple[str, ...]:
-    out = []
-    for i, f in enumerate(flags):
-        if not _FLAG_RE.fullmatch(f) or f.split("=", 1)[0] in _FORBIDDEN_FLAGS:
-            raise InvalidArgument(
-                f"volume_capability.mount.mount_flags[{i}]: not an acceptable mount option, got {f!r}"
-            )
-        out.append(str(f))
-    return tuple(out)
-
-
-def capability(
-    request: Any, field: str = "volume_capability", required: bool = True
-) -> tuple[str, str, tuple[str, ...], int]:
-    """(access type "mount"/"block", fs type, mount flags, access mode) from a VolumeCapability field."""
-    if not request.HasField(field):
+def capability(request: CapabilityRequest, required: bool = True) -> tuple[str, str, tuple[str, ...], int]:
+    """(access type "mount"/"block", fs type, mount flags, access mode) from the request's ``volume_capability``."""
+    field = "volume_capability"
+    if not request.HasField("volume_capability"):
         if required:
             raise InvalidArgument(f"{field}: required field is missing")
         return "", "", (), _Mode.UNKNOWN
-    cap = getattr(request, field)
+    cap = request.volume_capability
     kind = cap.WhichOneof("access_type")
     if kind is None:
         raise InvalidArgument(f"{field}.access_type: expected mount or block")
@@ -131,42 +98,52 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
         return await asyncio.to_thread(locked)
 
-    async def _path(self, field: str, value: str, required: bool = True) -> Path | None:
+    async def _path(self, field: str, value: str, shapes: frozenset[str]) -> Path:
         """:func:`checked_path` in a worker thread: resolving symlinks is file I/O, kept off the event loop."""
-        return await asyncio.to_thread(checked_path, field, value, self.kubelet_dir, required)
+        checked = await asyncio.to_thread(checked_path, field, value, self.kubelet_dir, shapes)
+        assert checked is not None  # required
+        return checked[0]
 
     # ------------------------------------------------------------ stage
 
     @rpc
-    async def NodeStageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeStageVolume(
+        self, request: csi_pb2.NodeStageVolumeRequest, context: Context
+    ) -> csi_pb2.NodeStageVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
-        staging = await self._path("staging_target_path", request.staging_target_path)
+        staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
         kind, fs_type, flags, _ = capability(request)
-        assert staging is not None
-        spec = StageSpec(volume_id, staging, kind, fs_type, flags)
+        spec = StageSpec(volume_id=volume_id, staging=staging, kind=kind, fs_type=fs_type, flags=flags)
         await self._locked(volume_id, lambda: self.host.stage(spec))
         return csi_pb2.NodeStageVolumeResponse()
 
     @rpc
-    async def NodeUnstageVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: Context
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
-        staging = await self._path("staging_target_path", request.staging_target_path)
-        assert staging is not None
+        staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
         await self._locked(volume_id, lambda: self.host.unstage(volume_id, staging))
         return csi_pb2.NodeUnstageVolumeResponse()
 
     # ------------------------------------------------------------ publish
 
     @rpc
-    async def NodePublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: Context
+    ) -> csi_pb2.NodePublishVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
-        target = await self._path("target_path", request.target_path)
+        if not request.target_path:
+            raise InvalidArgument("target_path: required field is missing")
         kind, fs_type, flags, mode = capability(request)
-        assert target is not None
+        shape = frozenset({BLOCK_TARGET if kind == "block" else MOUNT_TARGET})
+        target = await self._path("target_path", request.target_path, shape)
         context_map = dict(request.volume_context)
         ephemeral = context_map.get(EPHEMERAL_KEY, "").lower() == "true"
-        staging = await self._path("staging_target_path", request.staging_target_path, required=False)
-        if staging is None and not ephemeral:
+        staging: Path | None = None
+        if request.staging_target_path:
+            staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
+        elif not ephemeral:
             raise FailedPrecondition("staging_target_path: not set; the driver stages volumes, call NodeStageVolume")
         spec = PublishSpec(
             volume_id=volume_id,
@@ -185,10 +162,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodePublishVolumeResponse()
 
     @rpc
-    async def NodeUnpublishVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: Context
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
-        target = await self._path("target_path", request.target_path)
-        assert target is not None
+        target = await self._path("target_path", request.target_path, TARGET_SHAPES)
 
         def unpublish() -> None:
             ephemeral = self.host.ephemeral_of(volume_id)
@@ -203,10 +181,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     # ------------------------------------------------------------ stats and expansion
 
     @rpc
-    async def NodeGetVolumeStats(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetVolumeStats(
+        self, request: csi_pb2.NodeGetVolumeStatsRequest, context: Context
+    ) -> csi_pb2.NodeGetVolumeStatsResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         stats = await asyncio.to_thread(
-            lambda: self.host.stats(volume_id, lookup_path("volume_path", request.volume_path))
+            lambda: nodestats.stats(self.host, volume_id, lookup_path("volume_path", request.volume_path))
         )
         Unit = csi_pb2.VolumeUsage
         usage = []
@@ -226,7 +206,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=cond)
 
     @rpc
-    async def NodeExpandVolume(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeExpandVolume(
+        self, request: csi_pb2.NodeExpandVolumeRequest, context: Context
+    ) -> csi_pb2.NodeExpandVolumeResponse:
         volume_id = validate_id("volume_id", request.volume_id)
         path = await asyncio.to_thread(lookup_path, "volume_path", request.volume_path)
         kind, _, _, _ = capability(request, required=False)
@@ -234,13 +216,17 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0
         if required < 0 or limit < 0 or (limit and required > limit):
             raise InvalidArgument("capacity_range: expected 0 <= required_bytes <= limit_bytes")
-        size = await self._locked(volume_id, lambda: self.host.expand(volume_id, path, kind, required))
+        size = await self._locked(
+            volume_id, lambda: nodestats.expand(self.host, volume_id, path, kind=kind, required=required)
+        )
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 
     # ------------------------------------------------------------ info
 
     @rpc
-    async def NodeGetCapabilities(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: Context
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
         caps = [
             _NodeCap.STAGE_UNSTAGE_VOLUME,
             _NodeCap.GET_VOLUME_STATS,
@@ -253,7 +239,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         )
 
     @rpc
-    async def NodeGetInfo(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    async def NodeGetInfo(self, request: csi_pb2.NodeGetInfoRequest, context: Context) -> csi_pb2.NodeGetInfoResponse:
         return csi_pb2.NodeGetInfoResponse(
             node_id=self.node_id,
             max_volumes_per_node=self.config.max_volumes_per_node,

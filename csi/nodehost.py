@@ -1,27 +1,39 @@
 """Host work behind the Node service: loop devices, formatting, mounts, records. Synchronous, one volume at a time.
 
-:class:`csi.node.NodeServicer` validates requests and holds the volume's lock; :class:`NodeHost` does the work in a
-worker thread. Every step first looks at the host (mount table, attached loop devices) and only then acts, so a
-repeated or interrupted call converges instead of failing: a stage after a reboot re-attaches the loop device and
-re-mounts; an unpublish of a target that is already gone just tidies the record.
+:class:`csi.node.NodeServicer` validates requests (paths in kubelet's shapes, acceptable flags) and holds the volume's
+lock; :class:`NodeHost` does the work in a worker thread. Every step first looks at the host (mount table, attached
+loop devices) and only then acts, so a repeated or interrupted call converges instead of failing: a stage after a
+reboot re-attaches the loop device and re-mounts; an unpublish of a target that is already gone just tidies the
+record.
+
+Ours, or hands off. A mount found at a staging or target path is adopted by a repeat call, or unmounted, only when
+the kernel says it holds this volume (:func:`csi.holders.holds`); another volume's or anybody's mount there is
+refused (ALREADY_EXISTS) or, on the way down, left alone. A target is removed on unpublish only when the publish
+record says the driver created it.
+
+All or nothing. A stage or publish that fails undoes what it did (the loop device it attached, the mount it made,
+the target it created) before the error goes back, so a refused request leaves the host as it found it. Mount
+options the filesystem rejects are INVALID_ARGUMENT: a stage that fails with options is tried once without them,
+and if that works the options were at fault.
 
 Records kept (in the volume manager's SQLite store): a stage record per staged volume (staging path, device) and a
-publish record per target. They are written after the host change succeeds; the host state found on a repeat call is
-adopted, so a kill -9 between the change and the record loses nothing. Nothing is removed outside kubelet's
-directory (targets, resolved and checked by the servicer) and the driver's own plugin directory (ephemeral staging).
+publish record per target (and whether the driver created it). They are written after the host change succeeds;
+the host state found on a repeat call is adopted, so a kill -9 between the change and the record loses nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from csi import loopdev, mounts
-from csi.backends import btrfs, fileops
-from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
+from csi import holders, loopdev, mounts
+from csi.backends import fileops
+from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
 from csi.model import PublishRecord, StageRecord, Volume, validate_id
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.commands import CommandError, run
@@ -33,17 +45,8 @@ DEFAULT_EPHEMERAL_BYTES = 100 << 20
 PER_MOUNT_FLAGS = frozenset({"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"})
 FS_TIMEOUT = 300.0
 _SIZE_RE = re.compile(r"(\d+)\s*(|k|Ki|M|Mi|G|Gi|T|Ti)")
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "Ki": 1 << 10,
-    "M": 10**6,
-    "Mi": 1 << 20,
-    "G": 10**9,
-    "Gi": 1 << 30,
-    "T": 10**12,
-    "Ti": 1 << 40,
-}
+_UNITS = {"": 1, "k": 10**3, "Ki": 1 << 10, "M": 10**6, "Mi": 1 << 20, "G": 10**9, "Gi": 1 << 30}
+_UNITS |= {"T": 10**12, "Ti": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -69,13 +72,6 @@ class PublishSpec:
     context: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class VolumeStats:
-    total_bytes: int | None
-    fs: mounts.FsStats | None
-    problem: str | None
-
-
 def parse_size(text: str) -> int:
     m = _SIZE_RE.fullmatch(text.strip())
     if not m:
@@ -91,6 +87,19 @@ def fs_type_of(device: str) -> str:
         if e.returncode == 2:  # nothing found: a blank device
             return ""
         raise Internal.from_command(e, f"probing {device}") from e
+
+
+def _remove_created(target: Path) -> None:
+    """Remove a target the driver created: its (empty) directory or its (empty) device-node placeholder file."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    with contextlib.suppress(OSError):  # not empty any more, or replaced: then it is not ours to remove
+        if stat.S_ISDIR(st.st_mode):
+            target.rmdir()
+        elif stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            target.unlink()
 
 
 class NodeHost:
@@ -122,6 +131,10 @@ class NodeHost:
     def backing(self, v: Volume) -> Path:
         return self.manager.backing_path(v)
 
+    def holds(self, v: Volume, path: Path | str) -> bool:
+        """True when something is mounted at ``path`` and it is volume ``v``."""
+        return mounts.is_mounted(path) and holders.holds(v, self.backing(v), path)
+
     # ------------------------------------------------------------ stage
 
     def stage(self, spec: StageSpec) -> None:
@@ -135,58 +148,93 @@ class NodeHost:
         backing = self.backing(v)
         if not backing.exists():
             raise FailedPrecondition(f"volume {v.volume_id}: its backing {backing} is missing; the data is gone")
-        spec.staging.mkdir(parents=True, exist_ok=True)
-        if v.is_block:
-            device = loopdev.attach_rw(backing)
-        elif v.is_subvolume:
-            device = ""
-            self._mount_once(spec, lambda: mounts.bind_mount(backing, spec.staging, False, spec.flags), v)
+        entry = None if v.is_block else mounts.find_mount(spec.staging)  # a block volume mounts nothing there
+        if entry is not None:  # staged already (a repeat, or a restart): only if that mount is this volume
+            if not holders.holds(v, backing, spec.staging):
+                raise AlreadyExists(
+                    f"staging_target_path {spec.staging}: {entry.source} ({entry.fs_type}) is mounted there, "
+                    f"not volume {v.volume_id}"
+                )
+            missing = [f for f in spec.flags if f in PER_MOUNT_FLAGS | {"ro"} and f not in entry.options]
+            if missing:
+                raise AlreadyExists(f"volume {v.volume_id} is staged at {spec.staging} without mount flags {missing}")
+            device = "" if v.is_subvolume else (loopdev.rw_device(backing) or "")
+            self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
         else:
-            device = loopdev.attach_rw(backing)
-            fs = v.fs_type or spec.fs_type or "ext4"
-
-            def do_mount() -> None:
-                have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
-                if have is None:
-                    found = fs_type_of(device)
-                    if not found:
-                        fileops.cmd(
-                            ["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device],
-                            FS_TIMEOUT,
-                            f"formatting {v.volume_id}",
-                        )
-                    elif found != fs:
-                        raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
-                    have = mounts.fs_size(device, fs)
-                # a volume expanded while unstaged: its device is larger than its filesystem
-                grown = have is not None and mounts.block_size(device) - have >= 1 << 20
-                if grown and fs == "ext4":  # offline growth needs no CAP_SYS_RESOURCE, unlike the online ioctl
-                    fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
-                mounts.mount(device, spec.staging, fs, spec.flags)
-                if grown and fs == "xfs":  # xfs grows only while mounted
-                    fileops.cmd(["xfs_growfs", str(spec.staging)], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
-
-            self._mount_once(spec, do_mount, v)
-        if rec != StageRecord(v.volume_id, str(spec.staging), device):
-            self.store.put_stage(StageRecord(v.volume_id, str(spec.staging), device))
+            spec.staging.mkdir(parents=True, exist_ok=True)
+            with contextlib.ExitStack() as undo:  # a failure anywhere takes back what this call did
+                device = self._stage_on_host(v, spec, undo)
+                self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
+                undo.pop_all()
         self.log.info("staged", volume_id=v.volume_id, staging=str(spec.staging), device=device or None)
 
-    def _mount_once(self, spec: StageSpec, do_mount: Callable[[], None], v: Volume) -> None:
-        entry = mounts.find_mount(spec.staging)
-        if entry is None:
-            try:
-                do_mount()
-            except CommandError as e:
-                raise Internal.from_command(e, f"mounting volume {v.volume_id}") from e
-            return
-        want_type = "btrfs" if v.is_subvolume else (v.fs_type or spec.fs_type or "ext4")
-        if entry.fs_type != want_type:
-            raise AlreadyExists(
-                f"staging_target_path {spec.staging} already holds a {entry.fs_type} mount, not this {want_type} volume"
-            )
-        missing = [f for f in spec.flags if f in PER_MOUNT_FLAGS | {"ro"} and f not in entry.options]
-        if missing:
-            raise AlreadyExists(f"volume {v.volume_id} is staged at {spec.staging} without mount flags {missing}")
+    def _record_stage(self, had: StageRecord | None, rec: StageRecord) -> None:
+        if had != rec:
+            self.store.put_stage(rec)
+
+    def _stage_on_host(self, v: Volume, spec: StageSpec, undo: contextlib.ExitStack) -> str:
+        """Attach and mount (nothing is at the staging path yet); every step pushes its undo onto ``undo``."""
+        backing = self.backing(v)
+        if v.is_subvolume:
+            self._mount(v, spec, lambda flags: mounts.bind_mount(backing, spec.staging, False, flags))
+            undo.callback(mounts.unmount_top, spec.staging)
+            return ""
+        device, attached = loopdev.attach(backing)
+        if attached:
+            undo.callback(loopdev.detach, device)
+        if v.is_block:
+            return device
+        fs = v.fs_type or spec.fs_type or "ext4"
+        have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
+        if have is None:
+            found = fs_type_of(device)
+            if not found:
+                mkfs = ["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device]
+                fileops.cmd(mkfs, FS_TIMEOUT, f"formatting {v.volume_id}")
+            elif found != fs:
+                raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
+            have = mounts.fs_size(device, fs)
+        # a volume expanded while unstaged: its device is larger than its filesystem
+        grown = have is not None and mounts.block_size(device) - have >= 1 << 20
+        if grown and fs == "ext4":  # offline growth needs no CAP_SYS_RESOURCE, unlike the online ioctl
+            fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
+        self._mount(v, spec, lambda flags: mounts.mount(device, spec.staging, fs, flags))
+        undo.callback(mounts.unmount_top, spec.staging)
+        if grown and fs == "xfs":  # xfs grows only while mounted
+            fileops.cmd(["xfs_growfs", str(spec.staging)], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
+        return device
+
+    def _mount(self, v: Volume, spec: StageSpec, do_mount: Callable[[tuple[str, ...]], None]) -> None:
+        """Mount with the requested flags; a failure that goes away without them is the flags' (INVALID_ARGUMENT)."""
+        try:
+            do_mount(spec.flags)
+        except CommandError as e:
+            if spec.flags and self._mounts_without_flags(spec, do_mount):
+                raise InvalidArgument(
+                    f"volume_capability.mount.mount_flags: {list(spec.flags)} rejected by the {v.fs_type or 'btrfs'} "
+                    f"filesystem of volume {v.volume_id}: {e.stderr.strip() or e}"
+                ) from e
+            raise Internal.from_command(e, f"mounting volume {v.volume_id}") from e
+
+    @staticmethod
+    def _mounts_without_flags(spec: StageSpec, do_mount: Callable[[tuple[str, ...]], None]) -> bool:
+        try:
+            do_mount(())
+        except CommandError:
+            return False
+        mounts.unmount_top(spec.staging)
+        return True
+
+    def _unmount_own(self, v: Volume, path: Path) -> mounts.MountEntry | None:
+        """Unmount volume ``v``'s mounts stacked at ``path``, top first, stopping at anything that is not ``v``;
+        return that (None when nothing is mounted there any more)."""
+        backing = self.backing(v)
+        for _ in range(16):
+            entry = mounts.find_mount(path)
+            if entry is None or not holders.holds(v, backing, path):
+                return entry
+            mounts.unmount_top(path)
+        raise Internal(f"{path}: still mounted after 16 unmounts")
 
     def _check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
         if kind and (kind == "block") != v.is_block:
@@ -213,18 +261,27 @@ class NodeHost:
             raise FailedPrecondition(f"volume {volume_id} is still published at {busy[0]}; unpublish it first")
         for p in self.store.list_publishes(volume_id):  # stale: their targets are no longer mounted
             self.store.delete_publish(volume_id, p.target_path)
-        try:
-            mounts.unmount(staging)
-        except CommandError as e:
-            raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
-        # every loop device over the volume's file: the staged one and read-only ones a crash left behind
-        devices = [d for d, _ in loopdev.devices_of(self.backing(v))] if v is not None and not v.is_subvolume else []
-        for d in devices:
-            loopdev.detach(d)
-        device = ",".join(devices)
+        devices: list[str] = []
+        if v is not None:
+            left = None
+            if not v.is_block:  # a block volume mounts nothing at its staging path
+                try:
+                    left = self._unmount_own(v, staging)
+                except CommandError as e:
+                    raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
+            if left is not None:
+                self.log.warning(
+                    "unstage: the staging path holds a mount that is not this volume's: left alone",
+                    volume_id=volume_id,
+                    source=left.source,
+                )
+            # every loop device over the volume's file: the staged one and read-only ones a crash left behind
+            devices = [] if v.is_subvolume else [d for d, _ in loopdev.devices_of(self.backing(v))]
+            for d in devices:
+                loopdev.detach(d)
         if rec is not None:
             self.store.delete_stage(volume_id)
-        self.log.info("unstaged", volume_id=volume_id, staging=str(staging), device=device or None)
+        self.log.info("unstaged", volume_id=volume_id, staging=str(staging), device=",".join(devices) or None)
 
     # ------------------------------------------------------------ publish
 
@@ -238,7 +295,9 @@ class NodeHost:
         existing = self.store.get_publish(v.volume_id, target)
         entry = mounts.find_mount(spec.target)
         if entry is not None:
-            self._check_publish_compatible(v, spec, existing, entry)
+            if not holders.holds(v, self.backing(v), spec.target):
+                raise AlreadyExists(f"target_path {target}: {entry.source} is mounted there, not volume {v.volume_id}")
+            self._check_publish_compatible(v, spec, entry)
             if existing is None:
                 self.store.put_publish(PublishRecord(v.volume_id, target, spec.readonly, rec.staging_path))
             return
@@ -248,52 +307,65 @@ class NodeHost:
                 raise FailedPrecondition(
                     f"volume {v.volume_id} is already published at {others[0]} and its access mode allows one target"
                 )
+        if not v.is_block and not self.holds(v, rec.staging_path):
+            raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
         flags = [f for f in spec.flags if f in PER_MOUNT_FLAGS]
-        try:
-            if v.is_block:
-                self._publish_block(v, spec, rec, flags)
-            else:
-                if not mounts.is_mounted(rec.staging_path):
-                    raise FailedPrecondition(
-                        f"volume {v.volume_id}: nothing is mounted at {rec.staging_path}; stage it again"
-                    )
-                spec.target.mkdir(mode=0o750, exist_ok=True)
-                mounts.bind_mount(rec.staging_path, spec.target, spec.readonly, flags)
-        except CommandError as e:
-            raise Internal.from_command(e, f"publishing volume {v.volume_id}") from e
-        self.store.put_publish(PublishRecord(v.volume_id, target, spec.readonly, rec.staging_path))
+        with contextlib.ExitStack() as undo:
+            created = self._make_target(spec.target, v.is_block)
+            if created:
+                undo.callback(_remove_created, spec.target)
+            try:
+                if v.is_block:
+                    self._publish_block(v, spec, flags, undo)
+                else:
+                    mounts.bind_mount(rec.staging_path, spec.target, spec.readonly, flags)
+            except CommandError as e:
+                raise Internal.from_command(e, f"publishing volume {v.volume_id}") from e
+            undo.callback(mounts.unmount_top, spec.target)
+            created = created or bool(existing and existing.created)  # made by the driver before a reboot
+            self.store.put_publish(
+                PublishRecord(
+                    volume_id=v.volume_id,
+                    target_path=target,
+                    readonly=spec.readonly,
+                    staging_path=rec.staging_path,
+                    created=created,
+                )
+            )
+            undo.pop_all()
         self.log.info("published", volume_id=v.volume_id, target=target, readonly=spec.readonly)
 
-    def _publish_block(self, v: Volume, spec: PublishSpec, rec: StageRecord, flags: list[str]) -> None:
+    @staticmethod
+    def _make_target(target: Path, block: bool) -> bool:
+        """Create the target (a directory, or a file for a block device node to be bound onto); True if this call
+        created it. Something of another kind already there is ALREADY_EXISTS."""
+        try:
+            if block:
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640))
+            else:
+                target.mkdir(mode=0o750)
+            return True
+        except FileExistsError:
+            pass
+        except FileNotFoundError as e:
+            raise FailedPrecondition(f"target_path {target}: its parent directory does not exist") from e
+        st = os.lstat(target)
+        if (stat.S_ISREG(st.st_mode) if block else stat.S_ISDIR(st.st_mode)) and not stat.S_ISLNK(st.st_mode):
+            return False
+        raise AlreadyExists(f"target_path {target}: already exists and is not a {'file' if block else 'directory'}")
+
+    def _publish_block(self, v: Volume, spec: PublishSpec, flags: list[str], undo: contextlib.ExitStack) -> None:
         device = loopdev.rw_device(self.backing(v))
         if device is None:
             raise FailedPrecondition(f"volume {v.volume_id}: its loop device is gone; stage it again")
         if spec.readonly:  # a read-only bind of a device node does not stop writes to the device
-            device = fileops.cmd(
-                ["losetup", "-r", "-f", "--show", str(self.backing(v))], FS_TIMEOUT, "attaching read-only"
-            ).strip()
-        if not spec.target.exists():
-            spec.target.touch(mode=0o640)
-        try:
-            mounts.bind_mount(device, spec.target, spec.readonly, flags)
-        except CommandError:
-            if spec.readonly:
-                loopdev.detach(device)
-            raise
+            device, _ = loopdev.attach(self.backing(v), read_only=True)
+            undo.callback(loopdev.detach, device)
+        mounts.bind_mount(device, spec.target, spec.readonly, flags)
 
-    def _check_publish_compatible(
-        self, v: Volume, spec: PublishSpec, existing: PublishRecord | None, entry: mounts.MountEntry
-    ) -> None:
+    def _check_publish_compatible(self, v: Volume, spec: PublishSpec, entry: mounts.MountEntry) -> None:
+        """A repeat publish at a target that already holds this volume: OK only with the same parameters."""
         where = f"volume {v.volume_id} is already published at {spec.target}"
-        if v.is_block and entry.fs_type == "devtmpfs":
-            ours = {"/" + Path(dev).name for dev, _ in loopdev.devices_of(self.backing(v))}
-            if entry.root not in ours:
-                raise AlreadyExists(f"target_path {spec.target} already holds another device (/dev{entry.root})")
-        elif existing is None and entry.fs_type != "devtmpfs":
-            stage_entry = self.store.get_stage(v.volume_id)
-            staged = mounts.find_mount(stage_entry.staging_path) if stage_entry else None
-            if staged is None or staged.dev != entry.dev:
-                raise AlreadyExists(f"target_path {spec.target} already holds another mount ({entry.source})")
         if entry.readonly != spec.readonly:
             raise AlreadyExists(f"{where} {'read-only' if entry.readonly else 'read-write'}; unpublish it first")
         missing = [f for f in spec.flags if f in PER_MOUNT_FLAGS and f not in entry.options]
@@ -305,35 +377,36 @@ class NodeHost:
         extra = sorted((set(entry.options) & PER_MOUNT_FLAGS) - set(spec.flags) - inherited - {"relatime"})
         if extra:
             raise AlreadyExists(f"{where} with other mount flags {extra}")
-        if (entry.fs_type == "devtmpfs") != v.is_block:
-            raise AlreadyExists(f"{where} with another access type")
 
     def unpublish(self, volume_id: str, target: Path) -> None:
         rec = self.store.get_publish(volume_id, str(target))
-        if rec is None:
-            try:
-                self.volume(volume_id)
-            except NotFound:
-                if not mounts.is_mounted(target):
-                    raise
-        entry = mounts.find_mount(target)
-        ro_device = ""
-        if entry is not None and entry.fs_type == "devtmpfs":
-            dev = "/dev" + entry.root
-            with contextlib.suppress(OSError):
-                if Path(f"/sys/block/{Path(dev).name}/ro").read_text().strip() == "1":
-                    ro_device = dev
         try:
-            mounts.unmount(target)
-        except CommandError as e:
-            raise Internal.from_command(e, f"unmounting {target}") from e
-        if ro_device and ro_device.startswith("/dev/loop"):
-            loopdev.detach(ro_device)
-        with contextlib.suppress(FileNotFoundError):
-            if target.is_dir() and not target.is_symlink():
-                target.rmdir()
-            else:
-                target.unlink()
+            v: Volume | None = self.volume(volume_id)
+        except NotFound:
+            if rec is None:
+                raise
+            v = None
+        entry = mounts.find_mount(target)
+        left = entry
+        if v is not None and entry is not None and holders.holds(v, self.backing(v), target):
+            ro_device = holders.loop_device_at(v, self.backing(v), target)
+            if ro_device is not None and not loopdev.is_read_only(ro_device):
+                ro_device = None  # the staged device: it stays attached until unstage
+            try:
+                left = self._unmount_own(v, target)
+            except CommandError as e:
+                raise Internal.from_command(e, f"unmounting {target}") from e
+            if ro_device is not None:
+                loopdev.detach(ro_device)
+        if left is not None:  # not this volume there (any more): nothing of anybody's is touched
+            self.log.warning(
+                "unpublish: the target holds a mount that is not this volume's: left alone",
+                volume_id=volume_id,
+                target=str(target),
+                source=left.source,
+            )
+        elif rec is not None and rec.created:
+            _remove_created(target)
         if rec is not None:
             self.store.delete_publish(volume_id, str(target))
         self.log.info("unpublished", volume_id=volume_id, target=str(target))
@@ -350,14 +423,22 @@ class NodeHost:
         is_new = self.store.get_volume_by_name(spec.volume_id) is None
         try:
             v = self.manager.create_volume(
-                spec.volume_id, CapacityRange(required_bytes=size), kind, fs, backend, params, ephemeral=True
+                spec.volume_id,
+                capacity_range=CapacityRange(required_bytes=size),
+                access_type=kind,
+                fs_type=fs,
+                backend=backend,
+                parameters=params,
+                ephemeral=True,
             )
         except InvalidArgument as e:  # for an inline volume the parameters are the volume_context
             raise InvalidArgument(str(e).replace("parameters.", "volume_context.", 1)) from e
         staging = self.ephemeral_dir / validate_id("volume_id", spec.volume_id)
         try:
-            self.stage(StageSpec(v.volume_id, staging, kind, "", spec.flags))
-            self.publish(PublishSpec(v.volume_id, spec.target, staging, kind, "", spec.flags, spec.readonly, False))
+            self.stage(StageSpec(volume_id=v.volume_id, staging=staging, kind=kind, fs_type="", flags=spec.flags))
+            self.publish(
+                replace(spec, volume_id=v.volume_id, staging=staging, kind=kind, fs_type="", single_target=False)
+            )
         except Exception:
             if is_new:  # undo only what this call made; a failed repeat leaves the working volume alone
                 with contextlib.suppress(Exception):
@@ -374,85 +455,3 @@ class NodeHost:
             staging.rmdir()
         self.manager.delete_volume(v.volume_id)
         self.log.info("ephemeral volume deleted", volume_id=v.volume_id, name=v.name)
-
-    # ------------------------------------------------------------ stats and expansion
-
-    def _where(self, v: Volume, path: Path) -> tuple[StageRecord, bool]:
-        """The volume's stage record and whether ``path`` is one of its publish targets (else the staging path)."""
-        rec = self.store.get_stage(v.volume_id)
-        published = self.store.get_publish(v.volume_id, str(path)) is not None
-        if rec is None or (rec.staging_path != str(path) and not published):
-            raise NotFound(f"volume {v.volume_id} is not staged or published at {path}")
-        return rec, published
-
-    def stats(self, volume_id: str, path: Path) -> VolumeStats:
-        v = self.volume(volume_id)
-        _, published = self._where(v, path)
-        backing = self.backing(v)
-        if not backing.exists():
-            return VolumeStats(
-                None, None, f"the backing {'subvolume' if v.is_subvolume else 'file'} {backing} is missing"
-            )
-        entry = mounts.find_mount(path)
-        if v.is_block:
-            device = loopdev.rw_device(backing)
-            if device is None:
-                return VolumeStats(None, None, f"the loop device of {backing} is gone; stage the volume again")
-            if published and entry is None:
-                return VolumeStats(None, None, f"nothing is mounted at {path}: the published device is gone")
-            return VolumeStats(mounts.block_size(device), None, None)
-        if entry is None:
-            return VolumeStats(None, None, f"nothing is mounted at {path}: the volume's mount is gone")
-        problem = mounts.fs_problem(entry, expect_rw=not entry.readonly)
-        if problem:
-            return VolumeStats(None, None, problem)
-        fs = mounts.fs_stats(path)
-        if v.is_subvolume:
-            fs = self._subvolume_usage(v, backing, fs)
-        return VolumeStats(fs.total_bytes, fs, None)
-
-    def _subvolume_usage(self, v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsStats:
-        """statvfs sees the whole btrfs filesystem; the volume is its qgroup (referenced bytes, limit)."""
-        try:
-            out = run(["btrfs", "qgroup", "show", "-r", "--raw", "-f", str(backing)], 30)
-        except CommandError:
-            return fs
-        used = next(iter(btrfs.qgroup_referenced(out).values()), None)  # -f: only the subvolume's own qgroup
-        if used is None:
-            return fs
-        total = v.capacity_bytes
-        avail = max(0, min(fs.available_bytes, total - used))
-        return mounts.FsStats(total, avail, used, fs.total_inodes, fs.free_inodes, fs.used_inodes)
-
-    def expand(self, volume_id: str, path: Path, kind: str, required: int) -> int:
-        v = self.volume(volume_id)
-        rec, _ = self._where(v, path)
-        if v.is_subvolume:
-            return max(v.capacity_bytes, required)  # the qgroup limit was raised by ControllerExpandVolume
-        device = loopdev.rw_device(self.backing(v))
-        if device is None:
-            raise FailedPrecondition(f"volume {v.volume_id} has no loop device; stage it again")
-        loopdev.refresh_size(device)
-        size = mounts.block_size(device)
-        if required and size < required:
-            raise OutOfRange(
-                f"volume {v.volume_id} is {size} bytes, less than {required}; call ControllerExpandVolume first"
-            )
-        if v.is_block or kind == "block":
-            return size
-        if not mounts.is_mounted(rec.staging_path):
-            raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
-        if v.fs_type == "xfs":
-            fileops.cmd(["xfs_growfs", rec.staging_path], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
-        else:
-            try:
-                run(["resize2fs", device], FS_TIMEOUT)
-            except CommandError as e:
-                hint = (
-                    "; online ext4 growth needs CAP_SYS_RESOURCE in the agent"
-                    if "Permission denied" in e.stderr
-                    else ""
-                )
-                raise Internal(f"growing ext4 of {v.volume_id}: {e}{hint}") from e
-        self.log.info("expanded", volume_id=v.volume_id, bytes=size)
-        return size

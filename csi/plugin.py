@@ -160,7 +160,7 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
     block forever otherwise). Files or subvolumes that no record names are reported, never deleted.
     """
     store = manager.store
-    for staging in manager.thaw_all():
+    for staging in manager.snapshots.thaw_all():
         log.warning("reconcile: thawed a filesystem a crash left frozen", staging_path=staging)
     for path in manager.unrecorded():
         log.warning("reconcile: data no record names (left in place; remove it by hand if unwanted)", path=str(path))

@@ -1,12 +1,15 @@
-"""Snapshots and group snapshots: the part of :class:`csi.volumes.VolumeManager` that cuts point-in-time copies.
+"""Snapshots and group snapshots: point-in-time copies of volumes, cut consistently.
 
-A mixin of the manager (kept apart so neither module grows past a screenful of concerns); it uses the manager's
-store, locks and backends. Consistency: a staged ext4/xfs volume is frozen (``fsfreeze``) at its staging path while
-it is copied; a staged block volume has its device's buffered writes flushed to the backing file first; a group
-snapshot freezes every member, copies all, then thaws, so the members are write-order consistent with each other.
-A staged block volume or btrfs subvolume cannot be frozen, so it can be snapshotted alone (crash-consistent) but
-not together with others (FAILED_PRECONDITION, as the spec's group-snapshot table says). An agent killed while a
-filesystem is frozen leaves it frozen: :meth:`SnapshotOps.thaw_all` undoes that at start.
+:class:`Snapshots` is a collaborator of :class:`csi.volumes.VolumeManager` (``manager.snapshots``): it works over the
+state store and the operation locks it is given and reaches volumes, backends and free space only through the narrow
+:class:`VolumeAccess` the manager provides.
+
+Consistency: a staged ext4/xfs volume is frozen (``fsfreeze``) at its staging path while it is copied; a staged block
+volume has its device's buffered writes flushed to the backing file first; a group snapshot freezes every member,
+copies all, then thaws, so the members are write-order consistent with each other. A staged block volume or btrfs
+subvolume cannot be frozen, so it can be snapshotted alone (crash-consistent) but not together with others
+(FAILED_PRECONDITION, as the spec's group-snapshot table says). An agent killed while a filesystem is frozen leaves it
+frozen: :meth:`Snapshots.thaw_all` undoes that at start.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Protocol
 
-from csi import mounts
+from csi import holders, mounts
 from csi.backends import Backend, fileops
 from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from csi.locks import OperationLocks
@@ -28,25 +33,39 @@ _log = get_logger("csi")
 PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
 
 
-class SnapshotOps:
-    """Snapshot and group-snapshot operations over the manager's store, locks and backends."""
+def _mounted_there(v: Volume, path: str) -> bool:
+    """True when volume ``v``'s filesystem is what is mounted at ``path`` (see :mod:`csi.holders`)."""
+    return mounts.is_mounted(path) and holders.holds(v, Path(v.path), path)
 
-    store: StateStore
-    locks: OperationLocks
 
-    def _backend(self, name: str, what: str = "parameters.backend") -> Backend:
-        raise NotImplementedError  # provided by VolumeManager
+class VolumeAccess(Protocol):
+    """What snapshots need of the volume manager."""
 
-    def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
-        raise NotImplementedError  # provided by VolumeManager
+    def backend(self, name: str, what: str = "parameters.backend") -> Backend:
+        """The enabled backend called ``name`` (``what`` names the field in errors)."""
+        ...
 
-    def _reserve(self, be: Backend, size: int, count: bool = True) -> contextlib.AbstractContextManager[object]:
-        raise NotImplementedError  # provided by VolumeManager
+    def volume(self, volume_id: str, field: str = "volume_id") -> Volume:
+        """The recorded volume ``volume_id``; NOT_FOUND naming ``field`` otherwise."""
+        ...
+
+    def reserve(self, be: Backend, size: int, count: bool = True) -> contextlib.AbstractContextManager[object]:
+        """Hold ``size`` bytes on ``be`` for the block (RESOURCE_EXHAUSTED when they are not free)."""
+        ...
+
+
+class Snapshots:
+    """Snapshot and group-snapshot operations over the store, the locks and the manager's :class:`VolumeAccess`."""
+
+    def __init__(self, store: StateStore, locks: OperationLocks, volumes: VolumeAccess) -> None:
+        self.store = store
+        self.locks = locks
+        self.volumes = volumes
 
     # ------------------------------------------------------------ consistency
 
     @contextlib.contextmanager
-    def _frozen(self, volumes: list[Volume]) -> Iterator[None]:
+    def frozen(self, volumes: list[Volume]) -> Iterator[None]:
         """Freeze the staged, mounted ext4/xfs filesystems among ``volumes`` for the block."""
         points = []
         for v in volumes:
@@ -56,7 +75,7 @@ class SnapshotOps:
             if v.is_block:
                 if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
                     fileops.flush_device(stage.device)
-            elif mounts.is_mounted(stage.staging_path):
+            elif _mounted_there(v, stage.staging_path):  # this volume's filesystem, not whatever is mounted there
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
@@ -70,7 +89,7 @@ class SnapshotOps:
         thawed = []
         for rec in self.store.list_stages():
             v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not mounts.is_mounted(rec.staging_path):
+            if v is None or v.is_block or v.is_subvolume or not _mounted_there(v, rec.staging_path):
                 continue
             if fileops.thaw(rec.staging_path):
                 _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)
@@ -100,7 +119,7 @@ class SnapshotOps:
                     )
                 return existing
             try:
-                v = self._volume(source_volume_id, "source_volume_id")
+                v = self.volumes.volume(source_volume_id, "source_volume_id")
             except InvalidArgument:
                 raise NotFound(f"source_volume_id: volume {source_volume_id!r} does not exist") from None
             sid = derive_id("snap", name)
@@ -109,7 +128,7 @@ class SnapshotOps:
                 try:
                     self.store.put_snapshot(snap)
                 except BaseException:
-                    self._backend(snap.backend).delete_snapshot(snap)
+                    self.volumes.backend(snap.backend).delete_snapshot(snap)
                     raise
         _log.info("snapshot created", snapshot_id=sid, volume_id=v.volume_id, bytes=snap.size_bytes)
         return snap
@@ -123,30 +142,29 @@ class SnapshotOps:
         try:
             with contextlib.ExitStack() as space:
                 for bname, nbytes in need.items():  # never into space promised to volumes
-                    space.enter_context(self._reserve(self._backend(bname), nbytes, count=False))
-                with self._frozen(vols):
+                    space.enter_context(self.volumes.reserve(self.volumes.backend(bname), nbytes, count=False))
+                with self.frozen(vols):
                     now = time.time()
                     for v, (sid, name) in zip(vols, ids, strict=True):
-                        path, size = self._backend(v.backend).snapshot(sid, v)
+                        path, size = self.volumes.backend(v.backend).snapshot(sid, v)
                         done.append(
                             Snapshot(
-                                sid,
-                                name,
-                                v.volume_id,
-                                size,
-                                path,
-                                now,
-                                True,
-                                group_id,
-                                v.backend,
-                                v.access_type,
-                                v.fs_type,
+                                snapshot_id=sid,
+                                name=name,
+                                source_volume_id=v.volume_id,
+                                size_bytes=size,
+                                path=path,
+                                created_at=now,
+                                group_snapshot_id=group_id,
+                                backend=v.backend,
+                                access_type=v.access_type,
+                                fs_type=v.fs_type,
                             )
                         )
         except BaseException:
             for s in done:
                 with contextlib.suppress(Exception):
-                    self._backend(s.backend).delete_snapshot(s)
+                    self.volumes.backend(s.backend).delete_snapshot(s)
             raise
         return done
 
@@ -165,7 +183,7 @@ class SnapshotOps:
                 raise FailedPrecondition(
                     f"snapshot {snapshot_id} belongs to group snapshot {s.group_snapshot_id}: delete the group"
                 )
-            self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
+            self.volumes.backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
             self.store.delete_snapshot(snapshot_id)
         _log.info("snapshot deleted", snapshot_id=snapshot_id)
 
@@ -186,7 +204,7 @@ class SnapshotOps:
             if s is None or (source_volume_id and s.source_volume_id != source_volume_id):
                 return [], ""
             return [s], ""
-        return self.store.list_snapshots(max_entries, starting_token, source_volume_id)
+        return self.store.list_snapshots(max_entries, starting_token, source_volume_id=source_volume_id)
 
     # ------------------------------------------------------------ group snapshots
 
@@ -210,7 +228,7 @@ class SnapshotOps:
                         f"group snapshot {name!r} already exists as {existing.group_snapshot_id} of other volumes"
                     )
                 return existing, members
-            vols = [self._volume(i, f"source_volume_ids[{n}]") for n, i in enumerate(source_volume_ids)]
+            vols = [self.volumes.volume(i, f"source_volume_ids[{n}]") for n, i in enumerate(source_volume_ids)]
             if len(vols) > 1:
                 for v in vols:
                     if (v.is_block or v.is_subvolume) and self._in_use(v):
@@ -224,13 +242,18 @@ class SnapshotOps:
             keys = [f"volume/{v.volume_id}" for v in vols]
             with self.locks.hold(*keys):
                 snaps = self._cut(vols, ids, gid)
-            group = GroupSnapshot(gid, name, tuple(s.snapshot_id for s in snaps), snaps[0].created_at, True)
+            group = GroupSnapshot(
+                group_snapshot_id=gid,
+                name=name,
+                snapshot_ids=tuple(s.snapshot_id for s in snaps),
+                created_at=snaps[0].created_at,
+            )
             try:
                 self.store.put_group_snapshot(group, snaps)
             except BaseException:
                 for s in snaps:
                     with contextlib.suppress(Exception):
-                        self._backend(s.backend).delete_snapshot(s)
+                        self.volumes.backend(s.backend).delete_snapshot(s)
                 raise
         _log.info("group snapshot created", group_snapshot_id=gid, snapshots=len(snaps))
         return group, snaps
@@ -239,6 +262,9 @@ class SnapshotOps:
         return [s for s in (self.store.get_snapshot(i) for i in g.snapshot_ids) if s is not None]
 
     def _check_members(self, g: GroupSnapshot, snapshot_ids: list[str]) -> None:
+        """The caller's member list must be the group's (checked once the group is known to exist)."""
+        if not snapshot_ids:
+            raise InvalidArgument("snapshot_ids: required field is missing")
         if sorted(snapshot_ids) != sorted(g.snapshot_ids):
             raise InvalidArgument(
                 f"snapshot_ids: group snapshot {g.group_snapshot_id} holds {sorted(g.snapshot_ids)}, "
@@ -256,10 +282,9 @@ class SnapshotOps:
             g = self.store.get_group_snapshot(group_snapshot_id)
             if g is None:
                 return
-            if snapshot_ids:
-                self._check_members(g, snapshot_ids)
+            self._check_members(g, snapshot_ids)
             for s in self._members(g):
-                self._backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
+                self.volumes.backend(s.backend or "loopfile", "snapshot.backend").delete_snapshot(s)
             self.store.delete_group_snapshot(group_snapshot_id)
             for sid in g.snapshot_ids:
                 self.store.delete_snapshot(sid)
@@ -268,10 +293,14 @@ class SnapshotOps:
     def get_group_snapshot(
         self, group_snapshot_id: str, snapshot_ids: list[str]
     ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        validate_id("group_snapshot_id", group_snapshot_id)
+        if not group_snapshot_id:
+            raise InvalidArgument("group_snapshot_id: required field is missing")
+        try:
+            validate_id("group_snapshot_id", group_snapshot_id)
+        except InvalidArgument:  # an id this driver never issues: no such group
+            raise NotFound(f"group snapshot {group_snapshot_id[:128]!r} does not exist") from None
         g = self.store.get_group_snapshot(group_snapshot_id)
         if g is None:
             raise NotFound(f"group snapshot {group_snapshot_id} does not exist")
-        if snapshot_ids:
-            self._check_members(g, snapshot_ids)
+        self._check_members(g, snapshot_ids)
         return g, self._members(g)

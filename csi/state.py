@@ -86,6 +86,8 @@ CREATE TABLE IF NOT EXISTS publishes (
     PRIMARY KEY (volume_id, target_path)
 );
 """,
+    # 2: whether the driver created a publish target (and may remove it); 0.1.0's records do not say, so never
+    "ALTER TABLE publishes ADD COLUMN created INTEGER NOT NULL DEFAULT 0",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -333,8 +335,9 @@ class StateStore:
     def put_publish(self, r: PublishRecord) -> None:
         with self.db.transaction() as c:
             c.execute(
-                "INSERT OR REPLACE INTO publishes (volume_id, target_path, readonly, staging_path) VALUES (?,?,?,?)",
-                (r.volume_id, r.target_path, int(r.readonly), r.staging_path),
+                "INSERT OR REPLACE INTO publishes (volume_id, target_path, readonly, staging_path, created)"
+                " VALUES (?,?,?,?,?)",
+                (r.volume_id, r.target_path, int(r.readonly), r.staging_path, int(r.created)),
             )
 
     def get_publish(self, volume_id: str, target_path: str) -> PublishRecord | None:
@@ -361,4 +364,10 @@ class StateStore:
 
 
 def _publish(row: sqlite3.Row) -> PublishRecord:
-    return PublishRecord(row["volume_id"], row["target_path"], bool(row["readonly"]), row["staging_path"])
+    return PublishRecord(
+        volume_id=row["volume_id"],
+        target_path=row["target_path"],
+        readonly=bool(row["readonly"]),
+        staging_path=row["staging_path"],
+        created=bool(row["created"]),
+    )

@@ -16,10 +16,12 @@ SHA-256), so a retry after a crash lands on the same id and the backend clears w
 removed only after it is no longer staged or published. The state store is the truth for what exists; a backing
 file that went missing is reported by :meth:`volume_condition`, never silently recreated.
 
-Snapshots and group snapshots (and how they stay consistent) live in the :class:`csi.snapshots.SnapshotOps` mixin.
+Snapshots and group snapshots (and how they stay consistent) are ``manager.snapshots``, a
+:class:`csi.snapshots.Snapshots` that reaches volumes, backends and free space through the manager's
+:meth:`volume`, :meth:`backend` and :meth:`reserve`.
 
-At start, before serving, the plugin calls :meth:`thaw_all` (a filesystem left frozen by a crash mid-snapshot) and
-reports :meth:`unrecorded` (files or subvolumes no record names; never deleted automatically).
+At start, before serving, the plugin calls ``manager.snapshots.thaw_all()`` (a filesystem left frozen by a crash
+mid-snapshot) and reports :meth:`unrecorded` (files or subvolumes no record names; never deleted automatically).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -55,7 +57,7 @@ from csi.model import (
 from csi.model import (
     Backend as BackendName,
 )
-from csi.snapshots import PASSTHROUGH_PREFIXES, SnapshotOps
+from csi.snapshots import PASSTHROUGH_PREFIXES, Snapshots
 from csi.state import StateStore
 from nodeplug.log import get_logger
 from nodeplug.paths import Root
@@ -64,11 +66,26 @@ _log = get_logger("csi")
 
 PARAM_BACKEND = "backend"
 
-Record = Callable[[Callable[[], object]], None]  # records a reserved volume and releases its hold (_reserve)
+Record = Callable[[Callable[[], object]], None]  # records a reserved volume and releases its hold (reserve)
 
 
-class VolumeManager(SnapshotOps):
-    """Volumes, snapshots and group snapshots over the state store and the backends."""
+@dataclass(frozen=True)
+class _Plan:
+    """A CreateVolume request resolved: backend chosen, filesystem defaulted, id derived from the name."""
+
+    name: str
+    volume_id: str
+    capacity: CapacityRange
+    access_type: AccessType
+    fs_type: str
+    backend: Backend
+    parameters: Mapping[str, str]
+    source: VolumeSource | None
+    ephemeral: bool
+
+
+class VolumeManager:
+    """Volumes over the state store and the backends; snapshots through its collaborator ``snapshots``."""
 
     def __init__(self, store: StateStore, config: Config, root: Root | None = None) -> None:
         self.store = store
@@ -86,6 +103,7 @@ class VolumeManager(SnapshotOps):
             self.backends["btrfs"] = BtrfsBackend(
                 self.root(config.btrfs.path), config.btrfs.subdir, reserved_bytes=config.reserved_bytes
             )
+        self.snapshots = Snapshots(store, self.locks, self)
 
     @property
     def node_id(self) -> str:
@@ -101,7 +119,8 @@ class VolumeManager(SnapshotOps):
 
     # ------------------------------------------------------------ helpers
 
-    def _backend(self, name: str, what: str = "parameters.backend") -> Backend:
+    def backend(self, name: str, what: str = "parameters.backend") -> Backend:
+        """The enabled backend called ``name``; INVALID_ARGUMENT (unknown) or FAILED_PRECONDITION (not enabled)."""
         if name not in BACKENDS:
             raise InvalidArgument(f"{what}: expected one of {', '.join(BACKENDS)}, got {name!r}")
         b = self.backends.get(name)
@@ -115,7 +134,8 @@ class VolumeManager(SnapshotOps):
                 raise InvalidArgument(f"parameters.{key}: unknown parameter (supported: {PARAM_BACKEND})")
         return backend or parameters.get(PARAM_BACKEND, "") or self.config.default_backend
 
-    def _volume(self, volume_id: str, field: str = "volume_id") -> Volume:
+    def volume(self, volume_id: str, field: str = "volume_id") -> Volume:
+        """The recorded volume ``volume_id``; NOT_FOUND (INVALID_ARGUMENT for an id this driver never issues)."""
         validate_id(field, volume_id)
         v = self.store.get_volume(volume_id)
         if v is None:
@@ -145,11 +165,12 @@ class VolumeManager(SnapshotOps):
     def create_volume(
         self,
         name: str,
+        *,
         capacity_range: CapacityRange,
         access_type: str,
-        fs_type: str,
-        backend: str,
-        parameters: Mapping[str, str],
+        fs_type: str = "",
+        backend: str = "",
+        parameters: Mapping[str, str] | None = None,
         source: VolumeSource | None = None,
         ephemeral: bool = False,
     ) -> Volume:
@@ -161,39 +182,47 @@ class VolumeManager(SnapshotOps):
         validate_name("name", name)
         if access_type not in ("mount", "block"):
             raise InvalidArgument(f"volume_capabilities: access type must be mount or block, got {access_type!r}")
-        bname = self._resolve_backend(backend, parameters)
-        be = self._backend(bname)
+        parameters = dict(parameters or {})
+        be = self.backend(self._resolve_backend(backend, parameters))
         if access_type == "block":
             fs_type = ""
         elif not fs_type:
-            fs_type = "btrfs" if bname == "btrfs" else self.config.default_fs_type
+            fs_type = "btrfs" if be.name == "btrfs" else self.config.default_fs_type
         why = be.supports(access_type, fs_type)
         if why:
             raise InvalidArgument(f"volume_capabilities.mount.fs_type: {why}")
-        req, lim = capacity_range.required_bytes, capacity_range.limit_bytes
-        capacity.check_range(req, lim)
-        vid = derive_id("vol", name)
+        capacity.check_range(capacity_range.required_bytes, capacity_range.limit_bytes)
+        plan = _Plan(
+            name=name,
+            volume_id=derive_id("vol", name),
+            capacity=capacity_range,
+            access_type=cast(AccessType, access_type),
+            fs_type=fs_type,
+            backend=be,
+            parameters=parameters,
+            source=source,
+            ephemeral=ephemeral,
+        )
         with self.locks.hold(f"name/{name}"):
             existing = self.store.get_volume_by_name(name)
             if existing is not None:
-                return self._compatible(existing, req, lim, access_type, fs_type, bname, source)
+                return self._compatible(existing, plan)
             source_key = f"{source.kind}/{source.id}" if source else ""
-            with self.locks.hold(f"volume/{vid}", source_key):
-                shape = (cast(AccessType, access_type), fs_type, bname, be)
-                return self._create(name, vid, req, lim, shape, parameters, source, ephemeral)
+            with self.locks.hold(f"volume/{plan.volume_id}", source_key):
+                return self._create(plan)
 
-    def _compatible(
-        self, v: Volume, req: int, lim: int, access_type: str, fs_type: str, backend: str, src: VolumeSource | None
-    ) -> Volume:
+    def _compatible(self, v: Volume, plan: _Plan) -> Volume:
         diffs = []
+        req, lim = plan.capacity.required_bytes, plan.capacity.limit_bytes
         if (req and v.capacity_bytes < req) or (lim and v.capacity_bytes > lim):
             diffs.append(f"capacity {v.capacity_bytes} is outside [{req}, {lim}]")
-        if v.access_type != access_type:
+        if v.access_type != plan.access_type:
             diffs.append(f"access type is {v.access_type}")
-        if v.access_type == "mount" and v.fs_type != fs_type:
+        if v.access_type == "mount" and v.fs_type != plan.fs_type:
             diffs.append(f"fs type is {v.fs_type}")
-        if v.backend != backend:
+        if v.backend != plan.backend.name:
             diffs.append(f"backend is {v.backend}")
+        src = plan.source
         want_snap = src.id if src and src.kind == "snapshot" else ""
         want_vol = src.id if src and src.kind == "volume" else ""
         if (v.source_snapshot_id, v.source_volume_id) != (want_snap, want_vol):
@@ -202,47 +231,37 @@ class VolumeManager(SnapshotOps):
             raise AlreadyExists(f"volume {v.name!r} already exists as {v.volume_id} but its " + ", ".join(diffs))
         return v
 
-    def _create(
-        self,
-        name: str,
-        vid: str,
-        req: int,
-        lim: int,
-        shape: tuple[AccessType, str, str, Backend],
-        parameters: Mapping[str, str],
-        source: VolumeSource | None,
-        ephemeral: bool,
-    ) -> Volume:
-        access_type, fs_type, bname, be = shape
+    def _create(self, plan: _Plan) -> Volume:
+        be, vid, access_type, fs_type = plan.backend, plan.volume_id, plan.access_type, plan.fs_type
         snap: Snapshot | None = None
         src_vol: Volume | None = None
         source_size = 0
-        if source is not None:
-            snap, src_vol = self._source(source, bname, access_type, fs_type)
+        if plan.source is not None:
+            snap, src_vol = self._source(plan.source, be.name, access_type, fs_type)
             source_size = snap.size_bytes if snap else cast(Volume, src_vol).capacity_bytes
         minimum = fileops.min_fs_bytes(fs_type) if access_type == "mount" and fs_type != "btrfs" else capacity.UNIT
-        size = capacity.volume_size(req, lim, minimum, source_size)
+        size = capacity.volume_size(plan.capacity.required_bytes, plan.capacity.limit_bytes, minimum, source_size)
         be.ready()
-        with self._reserve(be, size) as record:  # held until the volume is recorded and counts by itself
+        with self.reserve(be, size) as record:  # held until the volume is recorded and counts by itself
             if snap is not None:
                 path = be.create_from_snapshot(vid, size, snap)
             elif src_vol is not None:
-                with self._frozen([src_vol]):
+                with self.snapshots.frozen([src_vol]):
                     path = be.clone(vid, size, src_vol)
             else:
                 path = be.create(vid, size, access_type, fs_type)
             vol = Volume(
                 volume_id=vid,
-                name=name,
+                name=plan.name,
                 capacity_bytes=size,
-                backend=cast(BackendName, bname),
+                backend=cast(BackendName, be.name),
                 access_type=access_type,
                 fs_type=fs_type,
                 path=path,
                 source_snapshot_id=snap.snapshot_id if snap else "",
                 source_volume_id=src_vol.volume_id if src_vol else "",
-                parameters=dict(parameters),
-                ephemeral=ephemeral,
+                parameters=dict(plan.parameters),
+                ephemeral=plan.ephemeral,
                 created_at=time.time(),
             )
             try:
@@ -250,7 +269,7 @@ class VolumeManager(SnapshotOps):
             except BaseException:
                 be.delete(vol)
                 raise
-        _log.info("volume created", volume_id=vid, backend=bname, bytes=size, access=access_type, fs=fs_type or None)
+        _log.info("volume created", volume_id=vid, backend=be.name, bytes=size, access=access_type, fs=fs_type or None)
         return vol
 
     def _source(
@@ -301,12 +320,12 @@ class VolumeManager(SnapshotOps):
             stage = self.store.get_stage(volume_id)
             if stage is not None:
                 raise FailedPrecondition(f"volume {volume_id} is still staged at {stage.staging_path}")
-            self._backend(v.backend, "volume.backend").delete(v)
+            self.backend(v.backend, "volume.backend").delete(v)
             self.store.delete_volume(volume_id)
         _log.info("volume deleted", volume_id=volume_id)
 
     def get_volume(self, volume_id: str) -> Volume:
-        return self._volume(volume_id)
+        return self.volume(volume_id)
 
     def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> tuple[list[Volume], str]:
         if max_entries < 0:
@@ -315,16 +334,16 @@ class VolumeManager(SnapshotOps):
 
     def expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int = 0) -> tuple[int, bool]:
         """Grow a volume; return (new capacity, whether NodeExpandVolume must follow). Never shrinks."""
-        v = self._volume(volume_id)
+        v = self.volume(volume_id)
         with self.locks.hold(f"volume/{volume_id}"):
-            v = self._volume(volume_id)
-            be = self._backend(v.backend, "volume.backend")
+            v = self.volume(volume_id)
+            be = self.backend(v.backend, "volume.backend")
             size = capacity.expanded_size(v.capacity_bytes, required_bytes, limit_bytes)
             node_needed = not v.is_subvolume
             if size == v.capacity_bytes:
                 return size, node_needed
             try:
-                with self._reserve(be, size - v.capacity_bytes, count=False) as record:
+                with self.reserve(be, size - v.capacity_bytes, count=False) as record:
                     node_needed = be.expand(v, size)
                     record(lambda: self.store.put_volume(replace(v, capacity_bytes=size)))
             except ResourceExhausted as e:
@@ -341,7 +360,7 @@ class VolumeManager(SnapshotOps):
         if self._full():
             return 0
         try:
-            be = self._backend(self._resolve_backend("", parameters))
+            be = self.backend(self._resolve_backend("", parameters))
             be.ready()
         except FailedPrecondition as e:  # not enabled, or not usable (e.g. btrfs.path is not btrfs): nothing here
             _log.warning("backend unavailable for GetCapacity", error=str(e))
@@ -355,12 +374,12 @@ class VolumeManager(SnapshotOps):
         return bool(limit) and self.store.count_volumes() + self._in_flight >= limit
 
     def _free(self, be: Backend) -> int:
-        """Bytes ``be`` can still give that neither recorded volumes nor creates in flight (``_reserve``) may take;
+        """Bytes ``be`` can still give that neither recorded volumes nor creates in flight (:meth:`reserve`) may take;
         call under ``self._space``."""
         return be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0)
 
     @contextlib.contextmanager
-    def _reserve(self, be: Backend, size: int, count: bool = True) -> Iterator[Record]:
+    def reserve(self, be: Backend, size: int, count: bool = True) -> Iterator[Record]:
         """Check and hold ``size`` bytes (and a volume slot) on a backend while it is being filled.
 
         Free space counts recorded volumes only, so without this two concurrent creates could each see the same
@@ -403,9 +422,9 @@ class VolumeManager(SnapshotOps):
 
         ``quick`` only checks that the backing file or subvolume is there (for listing many volumes).
         """
-        v = self._volume(volume_id)
+        v = self.volume(volume_id)
         try:
-            be = self._backend(v.backend, "volume.backend")
+            be = self.backend(v.backend, "volume.backend")
         except FailedPrecondition as e:
             return Condition(True, str(e))
         if quick:

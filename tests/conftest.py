@@ -31,8 +31,9 @@ import pytest
 
 from support.agent import AgentProcess
 
-# Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``).
-pytest_plugins = ["support.dpharness", "support.manifests"]
+# Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
+# fixtures include dp, csi_driver and csi_controller.
+pytest_plugins = ["support.dpharness", "support.manifests", "support.csidriver", "support.csicontroller"]
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")

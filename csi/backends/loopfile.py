@@ -106,7 +106,7 @@ class LoopfileBackend:
             raise FailedPrecondition(f"{what} {path} is missing: the volume's data is gone (see ControllerGetVolume)")
         return path
 
-    def _copy_in(self, src: Path, volume_id: str, size: int, access_type: str, fs_type: str) -> str:
+    def _copy_in(self, src: Path, volume_id: str, size: int, *, access_type: str, fs_type: str) -> str:
         self._require(src, "source file")
         final = self.volume_file(volume_id)
         tmp = self._fresh(final)
@@ -123,10 +123,12 @@ class LoopfileBackend:
         return fileops.commit(tmp, final)
 
     def create_from_snapshot(self, volume_id: str, size: int, snapshot: Snapshot) -> str:
-        return self._copy_in(Path(snapshot.path), volume_id, size, snapshot.access_type, snapshot.fs_type)
+        return self._copy_in(
+            Path(snapshot.path), volume_id, size, access_type=snapshot.access_type, fs_type=snapshot.fs_type
+        )
 
     def clone(self, volume_id: str, size: int, source: Volume) -> str:
-        return self._copy_in(Path(source.path), volume_id, size, source.access_type, source.fs_type)
+        return self._copy_in(Path(source.path), volume_id, size, access_type=source.access_type, fs_type=source.fs_type)
 
     def delete(self, volume: Volume) -> None:
         fileops.remove_under(Path(volume.path), self.base)

@@ -9,16 +9,16 @@ in flight on a volume is ABORTED.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import pytest
-from grpc import aio
-from test_csi_harness import Driver, cap, running_driver
 
 from nodeplug import __version__
 from nodeplug.api.csi.v1 import csi_pb2
+
+from support.csidriver import Driver, cap, expect
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 
@@ -27,18 +27,8 @@ UNKNOWN_ID = "vol-00000000000000000000000000000000"
 
 
 @pytest.fixture
-async def d() -> AsyncIterator[Driver]:
-    async with running_driver() as drv:
-        yield drv
-
-
-async def expect(call: Any, code: grpc.StatusCode, needle: str = "") -> str:
-    with pytest.raises(aio.AioRpcError) as e:
-        await call
-    assert e.value.code() == code, e.value.details()
-    details = e.value.details() or ""
-    assert needle in details, details
-    return details
+def d(csi_driver: Driver) -> Driver:
+    return csi_driver
 
 
 async def staged_volume(d: Driver, name: str = "pvc-c") -> str:
@@ -148,7 +138,7 @@ async def test_stage_rules(d: Driver) -> None:
     await expect(d.stage(vid, block=True), grpc.StatusCode.FAILED_PRECONDITION, "access type")
     await expect(d.stage(vid, fs="xfs"), grpc.StatusCode.FAILED_PRECONDITION, "ext4")
     await expect(d.stage(vid, flags=("noexec",)), grpc.StatusCode.ALREADY_EXISTS, "noexec")  # incompatible repeat
-    other = d.kubelet / "plugins" / "elsewhere"
+    other = d.kubelet / "plugins" / "kubernetes.io" / "csi" / "pv" / "elsewhere" / "globalmount"
     other.mkdir(parents=True)
     req = csi_pb2.NodeStageVolumeRequest(volume_id=vid, staging_target_path=str(other), volume_capability=cap())
     await expect(d.node.NodeStageVolume(req), grpc.StatusCode.FAILED_PRECONDITION, "already staged")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_csi_harness import running_driver
 
 from csi.config import Config
 from csi.doctor import checks
 from nodeplug.checks import CheckSkipped
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
+from support.csidriver import running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 
@@ -35,6 +36,8 @@ async def test_doctor_runs_a_whole_lifecycle_through_the_socket() -> None:
         assert d.mounts_under_root() == [] and d.loops_under_root() == []
         plugin_dir = d.root / "var/lib/kubelet/plugins/local.csi.nodeplug.io"
         assert sorted(p.name for p in plugin_dir.iterdir()) == ["csi.sock"]
+        assert sorted(p.name for p in d.kubelet.iterdir()) == ["plugins", "plugins_registry"]  # no pods/, no staging
+        assert sorted(p.name for p in (d.kubelet / "plugins").iterdir()) == ["local.csi.nodeplug.io"]
 
         await d.stop()
         with pytest.raises(CheckSkipped, match="not running"):

@@ -1,179 +1,24 @@
-"""The CSI plugin on a temporary root, driven through its unix socket as kubelet and the CSI sidecars drive it.
-
-:class:`Driver` is shared by the CSI e2e modules (``from test_csi_harness import Driver``): it starts the plugin with
-``csi.plugin.create`` on a short temporary root (unix socket paths are limited to 107 bytes), talks to it with the
-generated stubs over the real socket, lays out staging and target paths the way kubelet does, restarts the plugin on
-the same root, and at teardown removes every mount and loop device left under the root even when a test failed.
-The tests in this module are about the plugin itself: sockets, readiness, kubelet registration.
-"""
+"""The CSI plugin itself, on a temporary root: sockets, readiness, kubelet registration, reload, kill -9."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from grpc import aio
 
 from csi.config import Config
-from csi.plugin import CsiPlugin, create
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2, api_pb2_grpc
-from nodeplug.paths import Root
-from nodeplug.plugin import AgentContext
+
+from support.csidriver import DRIVER, Driver, running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
-
-DRIVER = "local.csi.nodeplug.io"
-Cap = csi_pb2.VolumeCapability
-MiB = 1 << 20
-
-
-def cap(
-    block: bool = False, fs: str = "", flags: tuple[str, ...] = (), mode: int = Cap.AccessMode.SINGLE_NODE_WRITER
-) -> Any:
-    if block:
-        return Cap(block=Cap.BlockVolume(), access_mode=Cap.AccessMode(mode=mode))
-    return Cap(mount=Cap.MountVolume(fs_type=fs, mount_flags=list(flags)), access_mode=Cap.AccessMode(mode=mode))
-
-
-class Driver:
-    def __init__(self, root: Path, config: Config) -> None:
-        self.root = root
-        self.config = config
-        self.kubelet = root / "var" / "lib" / "kubelet"
-        self.plugin: CsiPlugin | None = None
-        self._channel: aio.Channel | None = None
-
-    async def start(self) -> None:
-        self.plugin = create(self.config, AgentContext(root=Root(self.root)))
-        await self.plugin.start()
-        self._channel = aio.insecure_channel(f"unix://{self.plugin.socket_path}")
-        self.identity = csi_pb2_grpc.IdentityStub(self._channel)
-        self.controller = csi_pb2_grpc.ControllerStub(self._channel)
-        self.node = csi_pb2_grpc.NodeStub(self._channel)
-
-    async def stop(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-        if self.plugin is not None:
-            await self.plugin.stop(1.0)
-
-    async def restart(self, config: Config | None = None) -> None:
-        await self.stop()
-        self.config = config or self.config
-        await self.start()
-
-    # ------------------------------------------------------------ kubelet's layout
-
-    def staging(self, volume_id: str) -> Path:
-        p = self.kubelet / "plugins" / "kubernetes.io" / "csi" / DRIVER / volume_id / "globalmount"
-        p.mkdir(parents=True, exist_ok=True)  # kubelet creates the staging directory
-        return p
-
-    def target(self, volume_id: str, pod: str = "pod1", block: bool = False) -> Path:
-        if block:
-            parent = self.kubelet / "plugins" / "kubernetes.io" / "csi" / "volumeDevices" / "publish" / volume_id
-        else:
-            parent = self.kubelet / "pods" / pod / "volumes" / "kubernetes.io~csi" / volume_id
-        parent.mkdir(parents=True, exist_ok=True)  # kubelet creates the parent, the driver the target
-        return parent / (pod if block else "mount")
-
-    # ------------------------------------------------------------ the calls, with defaults
-
-    async def create(self, name: str, size: int = 64 * MiB, block: bool = False, fs: str = "", **params: str) -> Any:
-        resp = await self.controller.CreateVolume(
-            csi_pb2.CreateVolumeRequest(
-                name=name,
-                capacity_range=csi_pb2.CapacityRange(required_bytes=size),
-                volume_capabilities=[cap(block, fs)],
-                parameters=params,
-            )
-        )
-        return resp.volume
-
-    async def stage(self, volume_id: str, block: bool = False, fs: str = "", flags: tuple[str, ...] = ()) -> Path:
-        path = self.staging(volume_id)
-        await self.node.NodeStageVolume(
-            csi_pb2.NodeStageVolumeRequest(
-                volume_id=volume_id, staging_target_path=str(path), volume_capability=cap(block, fs, flags)
-            )
-        )
-        return path
-
-    async def publish(
-        self, volume_id: str, pod: str = "pod1", block: bool = False, readonly: bool = False, **kw: Any
-    ) -> Path:
-        target = self.target(volume_id, pod, block)
-        await self.node.NodePublishVolume(
-            csi_pb2.NodePublishVolumeRequest(
-                volume_id=volume_id,
-                staging_target_path=str(self.staging(volume_id)),
-                target_path=str(target),
-                volume_capability=kw.pop("capability", None) or cap(block, **kw),
-                readonly=readonly,
-            )
-        )
-        return target
-
-    async def unpublish(self, volume_id: str, target: Path) -> None:
-        await self.node.NodeUnpublishVolume(
-            csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target))
-        )
-
-    async def unstage(self, volume_id: str) -> None:
-        await self.node.NodeUnstageVolume(
-            csi_pb2.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=str(self.staging(volume_id)))
-        )
-
-    async def delete(self, volume_id: str) -> None:
-        await self.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id))
-
-    async def stats(self, volume_id: str, path: Path) -> Any:
-        return await self.node.NodeGetVolumeStats(
-            csi_pb2.NodeGetVolumeStatsRequest(volume_id=volume_id, volume_path=str(path))
-        )
-
-    # ------------------------------------------------------------ host views
-
-    def mounts_under_root(self) -> list[str]:
-        with open("/proc/self/mountinfo") as f:
-            points = [line.split()[4] for line in f]
-        return [p for p in points if p.startswith(str(self.root) + "/")]
-
-    def loops_under_root(self) -> list[str]:
-        out = subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True, check=False).stdout
-        devs = json.loads(out).get("loopdevices", []) if out.strip() else []
-        return [d["name"] for d in devs if str(d.get("back-file") or "").startswith(str(self.root) + "/")]
-
-    def cleanup_host(self) -> None:
-        for point in sorted(self.mounts_under_root(), key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-        for dev in self.loops_under_root():
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
-
-
-@contextlib.asynccontextmanager
-async def running_driver(config: Config | None = None, root: Path | None = None) -> AsyncIterator[Driver]:
-    root = root or Path(tempfile.mkdtemp(prefix="npcsi", dir="/tmp"))
-    d = Driver(root, config or Config())
-    try:
-        await d.start()
-        yield d
-    finally:
-        with contextlib.suppress(Exception):
-            await d.stop()
-        d.cleanup_host()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the plugin itself

@@ -7,26 +7,23 @@ import asyncio
 import errno
 import os
 import stat
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 from grpc import aio
-from test_csi_harness import MiB, cap, running_driver
 
 from csi.config import BtrfsConfig, Config
 from nodeplug.api.csi.v1 import csi_pb2
 
+from support.csidriver import MiB, cap, running_driver
+
 Cap = csi_pb2.VolumeCapability
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
-
-
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
 
 
 def is_mount(path: Path) -> bool:

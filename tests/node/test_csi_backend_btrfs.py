@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi.backends import fileops
 from csi.backends.btrfs import BtrfsBackend, subvolume_id
@@ -22,13 +22,6 @@ from nodeplug.paths import Root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes btrfs on a loop device and mounts it")
 MIB = 1 << 20
-
-
-def sh(*argv: str) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 @pytest.fixture
@@ -62,7 +55,7 @@ def write(path: Path, nbytes: int, chunk: bytes | None = None) -> None:
 
 
 def test_subvolume_size_is_enforced_and_expansion_raises_it(manager: VolumeManager) -> None:
-    v = manager.create_volume("pvc", CapacityRange(32 * MIB), "mount", "", "", {})
+    v = manager.create_volume("pvc", capacity_range=CapacityRange(32 * MIB), access_type="mount")
     assert v.backend == "btrfs" and v.fs_type == "btrfs" and v.is_subvolume
     sid = subvolume_id(Path(v.path))
     assert f"Subvolume ID: {sid}" in " ".join(sh("btrfs", "subvolume", "show", v.path).split())
@@ -82,21 +75,24 @@ def test_subvolume_size_is_enforced_and_expansion_raises_it(manager: VolumeManag
 
 
 def test_subvolume_snapshot_restore_and_clone(manager: VolumeManager) -> None:
-    v = manager.create_volume("src", CapacityRange(64 * MIB), "mount", "btrfs", "", {})
+    v = manager.create_volume("src", capacity_range=CapacityRange(64 * MIB), access_type="mount", fs_type="btrfs")
     payload = os.urandom(2 * MIB)
     (Path(v.path) / "data.bin").write_bytes(payload)
-    snap = manager.create_snapshot("snap", v.volume_id, {})
+    snap = manager.snapshots.create_snapshot("snap", v.volume_id, {})
     assert "readonly" in sh("btrfs", "property", "get", "-ts", snap.path, "ro") or "ro=true" in sh(
         "btrfs", "property", "get", "-ts", snap.path, "ro"
     )
     (Path(v.path) / "data.bin").write_bytes(b"changed")
     r = manager.create_volume(
-        "restored", CapacityRange(128 * MIB), "mount", "", "", {}, VolumeSource("snapshot", snap.snapshot_id)
+        "restored",
+        capacity_range=CapacityRange(128 * MIB),
+        access_type="mount",
+        source=VolumeSource("snapshot", snap.snapshot_id),
     )
     assert (Path(r.path) / "data.bin").read_bytes() == payload
     (Path(r.path) / "writable").write_text("yes")  # a restore is a writable snapshot
     c = manager.create_volume(
-        "clone", CapacityRange(64 * MIB), "mount", "", "", {}, VolumeSource("volume", v.volume_id)
+        "clone", capacity_range=CapacityRange(64 * MIB), access_type="mount", source=VolumeSource("volume", v.volume_id)
     )
     assert (Path(c.path) / "data.bin").read_bytes() == b"changed"
     # the restored volume got its own limit
@@ -105,29 +101,34 @@ def test_subvolume_snapshot_restore_and_clone(manager: VolumeManager) -> None:
     assert e.value.errno == errno.EDQUOT
     for x in (v, r, c):
         manager.delete_volume(x.volume_id)
-    manager.delete_snapshot(snap.snapshot_id)
+    manager.snapshots.delete_snapshot(snap.snapshot_id)
     left = sh("btrfs", "subvolume", "list", str(manager.backends["btrfs"].base.parent))
     assert "nodeplug-csi" not in left
 
 
 def test_block_and_ext4_volumes_are_reflinked_loop_files(manager: VolumeManager) -> None:
-    blk = manager.create_volume("blk", CapacityRange(64 * MIB), "block", "", "", {})
+    blk = manager.create_volume("blk", capacity_range=CapacityRange(64 * MIB), access_type="block")
     assert blk.path.endswith(".img") and os.stat(blk.path).st_size == 64 * MIB
     with open(blk.path, "r+b") as f:
         f.write(os.urandom(32 * MIB))
         os.fsync(f.fileno())
     sh("btrfs", "filesystem", "sync", blk.path)
     free_before = fileops.free_bytes(Path(blk.path).parent)
-    snap = manager.create_snapshot("blk-snap", blk.volume_id, {})
+    snap = manager.snapshots.create_snapshot("blk-snap", blk.volume_id, {})
     assert fileops.free_bytes(Path(blk.path).parent) > free_before - 8 * MIB  # shared extents, not a copy
     with open(blk.path, "rb") as a, open(snap.path, "rb") as b:
         assert a.read() == b.read()
     r = manager.create_volume(
-        "blk-r", CapacityRange(64 * MIB), "block", "", "", {}, VolumeSource("snapshot", snap.snapshot_id)
+        "blk-r",
+        capacity_range=CapacityRange(64 * MIB),
+        access_type="block",
+        source=VolumeSource("snapshot", snap.snapshot_id),
     )
     with open(r.path, "rb") as a, open(snap.path, "rb") as b:
         assert a.read() == b.read()
-    ext4 = manager.create_volume("e", CapacityRange(32 * MIB), "mount", "ext4", "btrfs", {})
+    ext4 = manager.create_volume(
+        "e", capacity_range=CapacityRange(32 * MIB), access_type="mount", fs_type="ext4", backend="btrfs"
+    )
     assert not ext4.is_subvolume and "ext4" in sh("blkid", "-o", "value", "-s", "TYPE", ext4.path)
     tmp = Path(blk.path).parent / "probe"
     tmp.write_bytes(b"x" * 8192)
@@ -141,7 +142,7 @@ def test_block_and_ext4_volumes_are_reflinked_loop_files(manager: VolumeManager)
 def test_capacity_counts_promised_space(manager: VolumeManager) -> None:
     before = manager.get_capacity({"backend": "btrfs"})
     assert 0 < before < 512 * MIB
-    v = manager.create_volume("promise", CapacityRange(128 * MIB), "mount", "", "", {})
+    v = manager.create_volume("promise", capacity_range=CapacityRange(128 * MIB), access_type="mount")
     after = manager.get_capacity({"backend": "btrfs"})
     assert before - after >= 120 * MIB
     write(Path(v.path) / "used", 32 * MIB)
@@ -153,18 +154,18 @@ def test_capacity_counts_promised_space(manager: VolumeManager) -> None:
 def test_group_snapshot_of_subvolumes(manager: VolumeManager) -> None:
     ids = []
     for i in range(2):
-        v = manager.create_volume(f"g{i}", CapacityRange(16 * MIB), "mount", "", "", {})
+        v = manager.create_volume(f"g{i}", capacity_range=CapacityRange(16 * MIB), access_type="mount")
         (Path(v.path) / "n").write_text(str(i))
         ids.append(v.volume_id)
-    g, snaps = manager.create_group_snapshot("grp", ids, {})
+    g, snaps = manager.snapshots.create_group_snapshot("grp", ids, {})
     for s in snaps:
         assert (Path(s.path) / "n").read_text() == str(ids.index(s.source_volume_id))
-    manager.delete_group_snapshot(g.group_snapshot_id, list(g.snapshot_ids))
+    manager.snapshots.delete_group_snapshot(g.group_snapshot_id, list(g.snapshot_ids))
     assert not any(os.path.exists(s.path) for s in snaps)
 
 
 def test_condition_of_a_lost_subvolume(manager: VolumeManager) -> None:
-    v = manager.create_volume("lost", CapacityRange(16 * MIB), "mount", "", "", {})
+    v = manager.create_volume("lost", capacity_range=CapacityRange(16 * MIB), access_type="mount")
     assert not manager.volume_condition(v.volume_id).abnormal
     sh("btrfs", "subvolume", "delete", v.path)
     cond = manager.volume_condition(v.volume_id)

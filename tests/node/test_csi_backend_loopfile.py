@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi import loopdev
 from csi.backends import fileops
@@ -22,13 +22,6 @@ from nodeplug.paths import Root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 MIB = 1 << 20
-
-
-def sh(*argv: str) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
 
 
 @pytest.fixture
@@ -64,17 +57,21 @@ def test_snapshot_restore_and_clone_keep_data(
     manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path], fs: str, size: int
 ) -> None:
     payload = os.urandom(MIB)
-    src = manager.create_volume("src", CapacityRange(size), "mount", fs, "", {})
+    src = manager.create_volume("src", capacity_range=CapacityRange(size), access_type="mount", fs_type=fs)
     with mounted(src, tmp_path / "m-src", mounts) as m:
         (m / "data.bin").write_bytes(payload)
         original = fs_bytes(m)
-    snap = manager.create_snapshot("snap", src.volume_id, {})
+    snap = manager.snapshots.create_snapshot("snap", src.volume_id, {})
     assert snap.size_bytes == size and snap.fs_type == fs
     with mounted(src, tmp_path / "m-src", mounts) as m:  # the source changes after the snapshot
         (m / "data.bin").write_bytes(b"changed")
 
     restored = manager.create_volume(
-        "restored", CapacityRange(size + 64 * MIB), "mount", fs, "", {}, VolumeSource("snapshot", snap.snapshot_id)
+        "restored",
+        capacity_range=CapacityRange(size + 64 * MIB),
+        access_type="mount",
+        fs_type=fs,
+        source=VolumeSource("snapshot", snap.snapshot_id),
     )
     assert os.stat(restored.path).st_size == size + 64 * MIB
     with mounted(restored, tmp_path / "m-restored", mounts) as m:
@@ -82,7 +79,11 @@ def test_snapshot_restore_and_clone_keep_data(
         assert fs_bytes(m) > original + 48 * MIB  # the filesystem grew with the file
 
     clone = manager.create_volume(
-        "clone", CapacityRange(size), "mount", fs, "", {}, VolumeSource("volume", src.volume_id)
+        "clone",
+        capacity_range=CapacityRange(size),
+        access_type="mount",
+        fs_type=fs,
+        source=VolumeSource("volume", src.volume_id),
     )
     with mounted(clone, tmp_path / "m-clone", mounts) as m:
         assert (m / "data.bin").read_bytes() == b"changed"
@@ -90,7 +91,7 @@ def test_snapshot_restore_and_clone_keep_data(
     for v in (src, restored, clone):
         manager.delete_volume(v.volume_id)
         assert not os.path.exists(v.path)
-    manager.delete_snapshot(snap.snapshot_id)
+    manager.snapshots.delete_snapshot(snap.snapshot_id)
     assert not os.path.exists(snap.path)
 
 
@@ -98,17 +99,21 @@ def test_snapshot_of_a_staged_volume_freezes_it(
     manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
 ) -> None:
     """Data still in the page cache of the mounted filesystem reaches the snapshot: fsfreeze flushed it."""
-    v = manager.create_volume("live", CapacityRange(32 * MIB), "mount", "ext4", "", {})
+    v = manager.create_volume("live", capacity_range=CapacityRange(32 * MIB), access_type="mount", fs_type="ext4")
     staging = tmp_path / "kubelet" / "staging"
     with mounted(v, staging, mounts) as m:
         manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.rw_device(Path(v.path)) or ""))
         payload = os.urandom(3 * MIB)
         (m / "unsynced.bin").write_bytes(payload)  # no fsync: still dirty in the page cache
-        snap = manager.create_snapshot("live-snap", v.volume_id, {})
+        snap = manager.snapshots.create_snapshot("live-snap", v.volume_id, {})
         (m / "after.txt").write_text("thawed")  # the filesystem is writable again
         manager.store.delete_stage(v.volume_id)
     r = manager.create_volume(
-        "from-live", CapacityRange(32 * MIB), "mount", "ext4", "", {}, VolumeSource("snapshot", snap.snapshot_id)
+        "from-live",
+        capacity_range=CapacityRange(32 * MIB),
+        access_type="mount",
+        fs_type="ext4",
+        source=VolumeSource("snapshot", snap.snapshot_id),
     )
     with mounted(r, tmp_path / "m-r", mounts) as m:
         assert (m / "unsynced.bin").read_bytes() == payload
@@ -121,17 +126,25 @@ def test_copies_of_a_staged_volume_mount_beside_it(
 ) -> None:
     """A snapshot of a mounted filesystem has a dirty log and, for xfs, its source's UUID: the restore and the clone
     are made ready so they mount (plainly, as the node does) while the source is still mounted."""
-    v = manager.create_volume(f"live-{fs}", CapacityRange(300 * MIB), "mount", fs, "", {})
+    v = manager.create_volume(f"live-{fs}", capacity_range=CapacityRange(300 * MIB), access_type="mount", fs_type=fs)
     staging = tmp_path / "kubelet" / "staging"
     with mounted(v, staging, mounts) as m:
         manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.rw_device(Path(v.path)) or ""))
         (m / "f").write_text("before")
-        snap = manager.create_snapshot(f"s-{fs}", v.volume_id, {})
+        snap = manager.snapshots.create_snapshot(f"s-{fs}", v.volume_id, {})
         restored = manager.create_volume(
-            f"r-{fs}", CapacityRange(400 * MIB), "mount", fs, "", {}, VolumeSource("snapshot", snap.snapshot_id)
+            f"r-{fs}",
+            capacity_range=CapacityRange(400 * MIB),
+            access_type="mount",
+            fs_type=fs,
+            source=VolumeSource("snapshot", snap.snapshot_id),
         )
         clone = manager.create_volume(
-            f"c-{fs}", CapacityRange(300 * MIB), "mount", fs, "", {}, VolumeSource("volume", v.volume_id)
+            f"c-{fs}",
+            capacity_range=CapacityRange(300 * MIB),
+            access_type="mount",
+            fs_type=fs,
+            source=VolumeSource("volume", v.volume_id),
         )
         with mounted(restored, tmp_path / "m-r", mounts) as r, mounted(clone, tmp_path / "m-c", mounts) as c:
             assert (r / "f").read_text() == "before" and (c / "f").read_text() == "before"
@@ -142,7 +155,7 @@ def test_copies_of_a_staged_volume_mount_beside_it(
 def test_mount_volume_capacity_is_enforced(
     manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
 ) -> None:
-    v = manager.create_volume("small", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    v = manager.create_volume("small", capacity_range=CapacityRange(16 * MIB), access_type="mount", fs_type="ext4")
     with mounted(v, tmp_path / "m", mounts) as m:
         with pytest.raises(OSError) as e, open(m / "big", "wb") as f:
             for _ in range(32):
@@ -154,7 +167,7 @@ def test_mount_volume_capacity_is_enforced(
 
 
 def test_block_volume_capacity_and_expansion(manager: VolumeManager) -> None:
-    v = manager.create_volume("blk", CapacityRange(8 * MIB), "block", "", "", {})
+    v = manager.create_volume("blk", capacity_range=CapacityRange(8 * MIB), access_type="block")
     dev = loopdev.attach_rw(Path(v.path))
     try:
         assert loopdev.attach_rw(Path(v.path)) == dev  # a second attach reuses the device
@@ -179,13 +192,16 @@ def test_block_volume_capacity_and_expansion(manager: VolumeManager) -> None:
 
 
 def test_block_snapshot_copies_raw_bytes(manager: VolumeManager) -> None:
-    v = manager.create_volume("raw", CapacityRange(8 * MIB), "block", "", "", {})
+    v = manager.create_volume("raw", capacity_range=CapacityRange(8 * MIB), access_type="block")
     with open(v.path, "r+b") as f:
         f.seek(5 * MIB)
         f.write(b"marker")
-    s = manager.create_snapshot("raw-snap", v.volume_id, {})
+    s = manager.snapshots.create_snapshot("raw-snap", v.volume_id, {})
     r = manager.create_volume(
-        "raw-r", CapacityRange(16 * MIB), "block", "", "", {}, VolumeSource("snapshot", s.snapshot_id)
+        "raw-r",
+        capacity_range=CapacityRange(16 * MIB),
+        access_type="block",
+        source=VolumeSource("snapshot", s.snapshot_id),
     )
     with open(r.path, "rb") as f:
         f.seek(5 * MIB)
@@ -195,7 +211,7 @@ def test_block_snapshot_copies_raw_bytes(manager: VolumeManager) -> None:
 
 
 def test_condition_sees_ext4_errors(manager: VolumeManager) -> None:
-    v = manager.create_volume("sick", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    v = manager.create_volume("sick", capacity_range=CapacityRange(16 * MIB), access_type="mount", fs_type="ext4")
     assert not manager.volume_condition(v.volume_id).abnormal
     sh("debugfs", "-w", "-R", "ssv error_count 3", v.path)  # what the kernel records on an ext4 error
     cond = manager.volume_condition(v.volume_id)
@@ -218,14 +234,14 @@ def test_never_deletes_outside_the_data_dir(manager: VolumeManager, tmp_path: Pa
 
 
 def test_snapshot_of_a_staged_block_volume_flushes_the_device(manager: VolumeManager) -> None:
-    v = manager.create_volume("live-blk", CapacityRange(8 * MIB), "block", "", "", {})
+    v = manager.create_volume("live-blk", capacity_range=CapacityRange(8 * MIB), access_type="block")
     dev = loopdev.attach_rw(Path(v.path))
     try:
         manager.store.put_stage(StageRecord(v.volume_id, "/var/lib/kubelet/staging/blk", dev))
         fd = os.open(dev, os.O_WRONLY)  # held open like a pod's (the last close would flush by itself)
         try:
             os.pwrite(fd, b"buffered-marker", 3 * MIB)  # in the device's page cache, not yet in the file
-            s = manager.create_snapshot("live-blk-snap", v.volume_id, {})
+            s = manager.snapshots.create_snapshot("live-blk-snap", v.volume_id, {})
         finally:
             os.close(fd)
         with open(s.path, "rb") as f:
@@ -239,12 +255,34 @@ def test_snapshot_of_a_staged_block_volume_flushes_the_device(manager: VolumeMan
 def test_thaw_all_after_a_crash_while_frozen(
     manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path]
 ) -> None:
-    v = manager.create_volume("frozen", CapacityRange(16 * MIB), "mount", "ext4", "", {})
+    v = manager.create_volume("frozen", capacity_range=CapacityRange(16 * MIB), access_type="mount", fs_type="ext4")
     staging = tmp_path / "kubelet" / "st aging"  # a space: escaped as \040 in mountinfo
     with mounted(v, staging, mounts) as m:
         manager.store.put_stage(StageRecord(v.volume_id, str(staging), ""))
         sh("fsfreeze", "-f", str(m))  # as if the agent died in the middle of a snapshot
-        assert manager.thaw_all() == [str(staging)]
+        assert manager.snapshots.thaw_all() == [str(staging)]
         (m / "writable").write_text("again")
-        assert manager.thaw_all() == []  # nothing frozen: nothing to do
+        assert manager.snapshots.thaw_all() == []  # nothing frozen: nothing to do
+        manager.store.delete_stage(v.volume_id)
+
+
+def test_freeze_and_thaw_touch_only_the_volumes_own_filesystem(
+    manager: VolumeManager, tmp_path: Path, mounts: Callable[[Path], Path], loop_device: Callable[[int], str]
+) -> None:
+    """A stage record pointing at a path where another filesystem is mounted (another volume's, anybody's): a
+    snapshot neither freezes it nor does the start-up thaw touch it when it is frozen on purpose."""
+    v = manager.create_volume("mine", capacity_range=CapacityRange(16 * MIB), access_type="mount", fs_type="ext4")
+    foreign = loop_device(16 * MIB)
+    sh("mkfs.ext4", "-q", foreign)
+    staging = mounts(tmp_path / "kubelet" / "staging")
+    staging.mkdir(parents=True)
+    sh("mount", foreign, str(staging))
+    manager.store.put_stage(StageRecord(v.volume_id, str(staging), ""))
+    sh("fsfreeze", "-f", str(staging))  # frozen by its owner
+    try:
+        assert manager.snapshots.thaw_all() == []
+        s = manager.snapshots.create_snapshot("mine-snap", v.volume_id, {})  # does not freeze (or thaw) it either
+        assert s.ready_to_use
+    finally:
+        sh("fsfreeze", "-u", str(staging), check=False)
         manager.store.delete_stage(v.volume_id)

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi import mounts
 from nodeplug.commands import CommandError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
-
-
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 @pytest.fixture

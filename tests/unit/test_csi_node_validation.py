@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from csi.errors import InvalidArgument
-from csi.loopdev import devices_of
+from csi.loopdev import device_of_number, devices_of
 from csi.mounts import MountEntry, fs_problem, fs_size, parse_mountinfo
-from csi.node import capability, checked_flags, checked_path
+from csi.node import capability
 from csi.nodehost import parse_size
+from csi.noderequests import MOUNT_TARGET, STAGING_SHAPES, TARGET_SHAPES, checked_flags, checked_path
 from nodeplug.api.csi.v1 import csi_pb2
 
 Cap = csi_pb2.VolumeCapability
@@ -26,9 +27,9 @@ def kubelet(tmp_path: Path) -> Path:
     return d
 
 
-def test_checked_path_accepts_paths_inside_kubelet_dir(kubelet: Path) -> None:
-    p = kubelet / "pods" / "uid" / "volumes" / "mnt"
-    assert checked_path("target_path", str(p), kubelet) == p
+def test_checked_path_accepts_kubelets_shapes(kubelet: Path) -> None:
+    p = kubelet / "pods" / "uid" / "volumes" / "kubernetes.io~csi" / "pv" / "mount"
+    assert checked_path("target_path", str(p), kubelet, TARGET_SHAPES) == (p, MOUNT_TARGET)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_checked_path_accepts_paths_inside_kubelet_dir(kubelet: Path) -> None:
 )
 def test_checked_path_rejects(kubelet: Path, value: str, needle: str) -> None:
     with pytest.raises(InvalidArgument) as e:
-        checked_path("target_path", value.format(k=kubelet), kubelet)
+        checked_path("target_path", value.format(k=kubelet), kubelet, TARGET_SHAPES)
     assert needle in str(e.value)
     assert e.value.code == "INVALID_ARGUMENT"
 
@@ -53,11 +54,11 @@ def test_checked_path_resolves_symlinks_out_of_kubelet_dir(kubelet: Path, tmp_pa
     outside.mkdir()
     os.symlink(outside, kubelet / "pods" / "escape")
     with pytest.raises(InvalidArgument, match="after resolving symlinks"):
-        checked_path("staging_target_path", str(kubelet / "pods" / "escape" / "x"), kubelet)
+        checked_path("staging_target_path", str(kubelet / "pods" / "escape" / "x"), kubelet, STAGING_SHAPES)
 
 
 def test_checked_path_optional_field(kubelet: Path) -> None:
-    assert checked_path("staging_target_path", "", kubelet, required=False) is None
+    assert checked_path("staging_target_path", "", kubelet, STAGING_SHAPES, required=False) is None
 
 
 def test_mount_flags() -> None:
@@ -155,3 +156,17 @@ def test_fs_size_from_superblock(tmp_path: Path) -> None:
     assert fs_size(ext4, "ext4") == 64 << 20
     assert fs_size(xfs, "xfs") == 320 << 20
     assert fs_size(xfs, "ext4") is None and fs_size(tmp_path / "missing", "xfs") is None
+
+
+def test_a_device_number_is_looked_up_in_sysfs_once(tmp_path: Path) -> None:
+    devices = tmp_path / "sys" / "devices" / "virtual" / "block"
+    dev_block = tmp_path / "sys" / "dev" / "block"
+    dev_block.mkdir(parents=True)
+    (devices / "loop7" / "loop").mkdir(parents=True)
+    (devices / "loop7" / "loop" / "backing_file").write_text("/data/vol.img (deleted)\n")
+    (devices / "sda").mkdir(parents=True)  # not a loop device: no loop/ directory
+    os.symlink(devices / "loop7", dev_block / "7:7")
+    os.symlink(devices / "sda", dev_block / "8:0")
+    assert device_of_number(os.makedev(7, 7), dev_block) == ("/dev/loop7", "/data/vol.img")
+    assert device_of_number(os.makedev(8, 0), dev_block) is None
+    assert device_of_number(os.makedev(7, 9), dev_block) is None

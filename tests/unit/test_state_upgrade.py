@@ -68,6 +68,7 @@ def test_csi_state_of_an_earlier_release_is_kept(tmp_path: Path, release: str) -
         assert store.get_snapshot(s["snapshot_id"]) == store.get_snapshot_by_name(s["name"]) is not None
     for p in expected["publishes"]:
         assert store.get_publish(p["volume_id"], p["target_path"]) is not None
+    assert not any(p.created for p in store.list_publishes())  # unknown for old records: never removed
     store.close()
     assert _user_version(tmp_path / "state.db") == SCHEMA_VERSION
 
