@@ -210,8 +210,8 @@ def mounts() -> Iterator[Callable[[Path], Path]]:
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE_CACHE = REPO / "build" / "test-cni-bundle"
-BUNDLE_SOURCES = ["scripts/build-cni-bundle", "daemonset/bundle/launcher.c", "daemonset/bundle/fastpath.c",
-                  "daemonset/bundle/fastpath.h", "pyproject.toml"]  # fmt: skip
+BUNDLE_SOURCES = ["scripts/build-cni-bundle", "cni/launcher/launcher.c", "cni/launcher/fastpath.c",
+                  "cni/launcher/fastpath.h", "pyproject.toml"]  # fmt: skip
 
 
 def _bundle_sources_hash() -> str:
