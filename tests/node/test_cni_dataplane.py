@@ -20,7 +20,7 @@ import pytest
 from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from cni import dataplane
-from cni.dataplane import names
+from cni.dataplane import masq, names
 from cni.dataplane.netns import entered
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
@@ -142,7 +142,7 @@ def test_add_builds_bridge_veth_addresses_routes_and_reaches_the_gateway(host: H
 
     port = host.link(hv.name)
     assert port is not None and port["master"] == BR and port["mtu"] == 1400 and "UP" in port["flags"]
-    assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1"
+    assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1 +nomasq"
 
     link = pod_ip(ns, "link", "show", "eth0")[0]
     assert link["address"] == ctr.mac and link["mtu"] == 1400 and "UP" in link["flags"]
@@ -287,6 +287,41 @@ def test_del_leaves_another_network_rules_alone(host: Host, pod: Callable[[], st
     assert [r["comment"].split()[2] for r in host.nft_rules()] == ["other"]
 
 
+def test_del_without_ipmasq_runs_no_nft(host: Host, pod: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (issue 11, CNI 8): every DEL listed the nft chain, so 400 DELs at once timed out in nft."""
+    ran: list[list[str]] = []
+    real = masq._nft
+    monkeypatch.setattr(masq, "_nft", lambda args, script=None: ran.append(list(args)) or real(args, script))
+    add(host, conf(), pod())
+    host.call(dataplane.delete, conf(), "c1", None, "eth0", [])
+    host.call(dataplane.delete, conf(), "never-added", None, "eth0", [])
+    assert ran == [] and host.link(names.host_veth_name("c1", "eth0")) is None
+
+
+def test_an_nft_timeout_is_try_again_later_and_undone(
+    host: Host, pod: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 11, CNI 8): nft timing out under load was code 101; it is transient: code 11."""
+    monkeypatch.setattr(masq, "NFT_TIMEOUT", 0.000001)
+    ns = pod()
+    with pytest.raises(CniError) as e:
+        add(host, conf(ip_masq=True), ns)
+    assert e.value.code == 11 and "timed out" in e.value.details
+    monkeypatch.undo()
+    _nothing_left(host, ns)
+
+
+@pytest.mark.parametrize("length", [233, 234, 300, 1000])
+def test_long_container_ids(host: Host, pod: Callable[[], str], length: int) -> None:
+    """Regression (issue 11, CNI 7): a container id of 234 characters or more overflowed the host veth's alias."""
+    ns, cid = pod(), "c" * (length - 1) + "1"
+    _, hv, _ = add(host, conf(ip_masq=True), ns, cid=cid)
+    alias = host.link(hv.name)["ifalias"]  # type: ignore[index]
+    assert alias.startswith("nodeplug nptest eth0 ") and alias.endswith(" +masq") and len(alias.encode()) <= 254
+    host.call(dataplane.delete, conf(ip_masq=True), cid, None, "eth0", [])
+    _nothing_left(host, ns, cid)
+
+
 def _nothing_left(host: Host, ns: str, cid: str = "c1") -> None:
     assert host.link(names.host_veth_name(cid, "eth0")) is None
     assert [x["ifname"] for x in pod_ip(ns, "link", "show")] == ["lo"]
@@ -337,11 +372,17 @@ def test_bad_netns(host: Host, tmp_path: Path) -> None:
         add(host, conf(), "/run/netns/does-not-exist")
     assert e.value.code == 4 and "does-not-exist" in e.value.details
     (tmp_path / "plain").write_text("")
-    with pytest.raises(CniError, match="not a network namespace file") as e:
-        add(host, conf(), str(tmp_path / "plain"))
-    assert e.value.code == 4
-    with pytest.raises(CniError, match="host's own network namespace"):
-        add(host, conf(), host.path)
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "plain", tmp_path / "fifo", Path("/dev/null"), tmp_path):
+        for check in (dataplane.check_netns, lambda p: add(host, conf(), p)):
+            with pytest.raises(CniError, match="not a network namespace file") as e:
+                host.call(check, str(path))
+            assert e.value.code == 4
+    with pytest.raises(CniError, match="not a network namespace") as e:
+        host.call(dataplane.check_netns, "/proc/self/ns/uts")
+    for check in (dataplane.check_netns, lambda p: add(host, conf(), p)):
+        with pytest.raises(CniError, match="host's own network namespace"):
+            host.call(check, host.path)
 
 
 # ---------------------------------------------------------------- CHECK, GC, STATUS
@@ -369,8 +410,23 @@ def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: 
     with pytest.raises(CniError, match="MAC is"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", bad_mac)
     host.call(dataplane.delete, conf(), "c1", ns, "eth0", ips)
-    with pytest.raises(CniError, match=r"host interface veth[0-9a-f]{8} of eth0 is missing"):
+    with pytest.raises(CniError, match=r"not attached \(no host interface veth[0-9a-f]{8}\)") as gone:
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+    assert gone.value.code == 3  # CHECK after DEL: nothing of the attachment is left
+
+
+def test_check_verifies_the_masquerade_rules(host: Host, pod: Callable[[], str]) -> None:
+    """Regression (issue 11, CNI 10): CHECK did not look at the ipMasq rules."""
+    ns, ips = pod(), [v4(), v6()]
+    c = conf(ip_masq=True)
+    prev = _result(add(host, c, ns, ips=ips), ips, default_routes(*ips))
+    host.call(dataplane.check, c, "c1", ns, "eth0", prev)
+    (v6_rule,) = [r for r in host.nft_rules() if "ip6" in json.dumps(r["expr"])]
+    sh("ip", "netns", "exec", host.name, "nft", "delete", "rule", "inet", "nodeplug", "postrouting", "handle",
+       str(v6_rule["handle"]))  # fmt: skip
+    with pytest.raises(CniError, match="ipMasq: no masquerade rule for fd77::5") as e:
+        host.call(dataplane.check, c, "c1", ns, "eth0", prev)
+    assert e.value.code == 101
 
 
 def test_gc_removes_stale_veths_and_rules_only(host: Host, pod: Callable[[], str]) -> None:
