@@ -121,6 +121,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # ---------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(name="sh")
+def sh_fixture() -> Callable[..., str]:
+    """:func:`sh` for test modules, which take what they share as fixtures rather than importing conftest."""
+    return sh
+
+
 @pytest.fixture
 def tmp_root(tmp_path: Path) -> Path:
     """A fresh directory to use as the agent's ``--root``."""

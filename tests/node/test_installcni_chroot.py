@@ -205,7 +205,7 @@ def test_the_entry_point_runs_with_the_callers_environment(probe_bundle: Path, c
 
 
 def test_a_broken_bundle_answers_with_a_cni_error(bundle: Path, tmp_path: Path) -> None:
-    """The launcher's own failure is still a spec-shaped error on stdout, naming the file at fault."""
+    """The launcher's own failure is still a spec-shaped error on stdout; the file at fault is named on stderr."""
     broken = tmp_path / "broken"
     shutil.copytree(bundle, broken, symlinks=True)
     (loader,) = broken.glob("_internal/ld-linux-*")

@@ -420,3 +420,13 @@ async def test_reload_moves_the_socket(tmp_root: Path) -> None:
     finally:
         await plugin.stop(1.0)
     assert not (tmp_root / "run/nodeplug/other.sock").exists()
+
+
+def test_a_standalone_del_without_ipmasq_imports_nothing_to_run_nft(tmp_path: Path) -> None:
+    """Regression (issue 11, CNI 8): DEL ran nft (through nodeplug.commands, subprocess and asyncio) for every pod."""
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "gone", "CNI_IFNAME": "eth0", "CNI_PATH": "/x",
+           "NODEPLUG_CNI_STANDALONE": "1"}  # fmt: skip
+    ipam = {"type": "nodeplug", "ranges": [[{"subnet": "10.63.0.0/24"}]], "dataDir": str(tmp_path)}
+    got = probe(env, conf(tmp_path / "absent.sock", ipam=ipam, bridge="npnone0"))
+    assert (got["code"], got["out"]) == (0, "")
+    assert not {"subprocess", "asyncio", "nodeplug"} & set(got["heavy"]), got["heavy"]
