@@ -18,11 +18,20 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
+_json: Any = None
+_decoder: Any = None
+
+
 def loads(data: bytes | str) -> Any:
     """The one JSON value in ``data``; ValueError for anything else (including NaN, Infinity and deep nesting)."""
-    import json  # here, not at the top: VERSION and the launcher's notes need no JSON at all
+    global _json, _decoder
+    if _decoder is None:
+        import json  # here, not at the top: VERSION and the launcher's notes need no JSON at all
 
+        _json, _decoder = json, json.JSONDecoder(parse_constant=_no_constant)  # made once: json.loads makes one a call
+    if isinstance(data, (bytes, bytearray)):
+        data = data.decode(_json.detect_encoding(data), "surrogatepass")  # as json.loads decodes bytes
     try:
-        return json.loads(data, parse_constant=_no_constant)
+        return _decoder.decode(data)
     except RecursionError:
         raise ValueError("nested too deeply") from None

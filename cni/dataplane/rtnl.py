@@ -139,7 +139,10 @@ class Rtnl:
                 with contextlib.suppress(OSError):  # older kernels: plain errno answers
                     sock.setsockopt(SOL_NETLINK, option, 1)
             sock.bind((0, 0))
-            sock.settimeout(TIMEOUT)
+            # the kernel's own timeouts (the socket stays blocking: no poll() before every call, as settimeout adds)
+            limit = struct.pack("@ll", int(TIMEOUT), int(TIMEOUT % 1 * 1_000_000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
         except BaseException:
             sock.close()
             raise
@@ -192,7 +195,7 @@ class Rtnl:
         msg.encode()
         try:
             self._sock.send(msg.data)
-        except TimeoutError:
+        except BlockingIOError:  # SO_SNDTIMEO ran out
             raise NetlinkError(errno.ETIMEDOUT, f"the kernel took no request within {TIMEOUT:g}s") from None
         return self._seq
 
@@ -232,7 +235,7 @@ class Rtnl:
             if size > len(self._buf):
                 self._buf = bytearray(size)
             return self._sock.recv_into(self._buf, len(self._buf))
-        except TimeoutError:
+        except BlockingIOError:  # SO_RCVTIMEO ran out
             raise NetlinkError(errno.ETIMEDOUT, f"no answer from the kernel within {TIMEOUT:g}s") from None
 
 
