@@ -286,4 +286,4 @@ def test_a_kernel_that_does_not_answer_in_time_is_try_again_later(monkeypatch: p
         sock.close()
     assert e.value.code == errno.ETIMEDOUT
     err = nl.nl_error("get link eth0", e.value)
-    assert err.code == 11 and "get link eth0: no answer from the kernel within 0.05s" == err.details
+    assert err.code == 11 and err.details == "get link eth0: no answer from the kernel within 0.05s"
