@@ -5,7 +5,8 @@ Two shapes reach the entry point:
 - :class:`BridgeConf` — nodeplug as the main plugin (``"type": "nodeplug"``), with the reference ``bridge`` plugin's
   key names (bridge, mtu, isGateway, isDefaultGateway, forceAddress, ipMasq, hairpinMode, promiscMode, vlan, ipam, dns)
   plus ``socket`` (where the agent serves thick mode) and ``agentTimeout`` (how long the entry point waits for the
-  agent to take a request before doing the work itself);
+  agent to take a request before doing the work itself, in all: the bundle's launcher, which cannot read it, waits
+  its own 0.5 s and hands over the rest, so a stuck agent costs the longer of the two, once);
 - :class:`IpamPluginConf` — nodeplug as *another* plugin's IPAM (the top-level ``type`` is someone else's, e.g. the
   reference ``bridge``, and ``ipam.type`` is ``"nodeplug"``). Only the keys IPAM needs are read, so the calling
   plugin's own fields (which may clash with ours in type) are never judged.
