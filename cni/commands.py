@@ -4,19 +4,26 @@
 :class:`cni.skel.Request`; bridge-mode configs run IPAM and the dataplane, IPAM-plugin-mode configs go to
 :mod:`cni.ipam.pluginmode`.
 
-- ADD: IPAM (built in or delegated) -> routes resolved (each route's gateway filled in from its family's address;
-  default routes for ``isDefaultGateway``) -> ``dataplane.add``. If the dataplane fails the lease is released (or the
-  delegate's DEL is run) before the error is returned: a failed ADD leaves no lease.
+- ADD: the netns checked (``dataplane.check_netns``: a network namespace, not the host's; it never blocks, whatever
+  the path names) -> IPAM (built in or delegated) -> routes resolved (each route's gateway filled in from its family's
+  address; default routes for ``isDefaultGateway``) -> ``dataplane.add``. If the dataplane fails the lease is
+  released (or the delegate's DEL is run) before the error is returned: a failed ADD leaves no lease.
 - DEL: the addresses (from the store, or prevResult for a delegate) -> ``dataplane.delete`` (idempotent; a missing
   netns or veth is fine) -> release. The lease is only released once the dataplane no longer uses the address.
-- CHECK: prevResult required; its addresses are leased to this container; ``dataplane.check`` against it.
+- CHECK: prevResult required and naming the container's interface (code 7 otherwise); its addresses are leased to
+  this container; ``dataplane.check`` against it. An attachment of which nothing is left (no lease, no host veth:
+  CHECK after DEL) is code 3, which tells the runtime there is nothing to clean up; one that is only partly there is a
+  failed CHECK.
 - GC: ``cni.dev/valid-attachments`` required; every other lease released; ``dataplane.gc``.
 - STATUS: the store opens and every range set has a free address (code 50 otherwise); ``dataplane.status``.
 
 The contract between this orchestration and the dataplane (:mod:`cni.dataplane`):
 
-:mod:`cni.dataplane` (netlink through pyroute2, nftables through ``nft``) implements these five functions at module
+:mod:`cni.dataplane` (netlink through pyroute2, nftables through ``nft``) implements these functions at module
 level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so its logic is tested with a fake.
+
+- ``check_netns(netns)``: raises CniError 4 unless ``netns`` (a path) is a network namespace other than the host's;
+  never blocks, whatever the path names (a FIFO, a device).
 
 - ``add(conf, container_id, netns, ifname, ips, routes) -> [bridge, host veth, container iface]``: makes the bridge
   (if missing; gateway addresses from ``ips[].gateway`` with the address's prefix when ``conf.is_gateway``), the veth
@@ -28,8 +35,8 @@ level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so
   :class:`cni.errors.CniError`.
 - ``delete(conf, container_id, netns | None, ifname, ips)``: idempotent; succeeds when the netns or the veth is gone;
   removes the ipMasq rules for ``ips``.
-- ``check(conf, container_id, netns, ifname, prev)``: raises CniError when the interface, addresses or routes in the
-  netns differ from ``prev``.
+- ``check(conf, container_id, netns, ifname, prev)``: raises CniError when the interface, addresses, routes or
+  masquerade rules differ from ``prev`` (code 3 when the attachment's host veth is not there at all).
 - ``gc(conf, valid)``: removes our host veths and nft rules for attachments of this network not in ``valid``
   (``(container_id, ifname)`` pairs).
 - ``status(conf)``: raises CniError 50 when ADD cannot work (no netlink, no nft when ipMasq is set, ...).
@@ -41,10 +48,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from cni.errors import INVALID_NETWORK_CONFIG, CniError
+from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError, quietly
 from cni.ipam import delegate, pluginmode, service
 from cni.ipam.service import StoreOpener
 from cni.netconf import BridgeConf, IpamPluginConf
@@ -55,6 +62,8 @@ CONTAINER_IFACE_INDEX = 2  # dataplane.add returns [bridge, host veth, container
 
 
 class Dataplane(Protocol):
+    def check_netns(self, netns: str) -> None: ...
+
     def add(
         self,
         conf: BridgeConf,
@@ -91,14 +100,14 @@ def resolve_routes(conf: BridgeConf, ips: Sequence[IPConfig], routes: Sequence[R
     return out
 
 
-def _best_effort(fn: Callable[[], object]) -> Callable[[], None]:
-    """An undo step: it must not hide the error that made us undo."""
-
-    def run() -> None:
-        with contextlib.suppress(Exception):
-            fn()
-
-    return run
+def _container_interface(prev: Result, ifname: str) -> None:
+    """Code 7 unless prevResult (the result of ADD) names ``ifname`` with its sandbox, as ADD reports it."""
+    if not any(i.name == ifname and i.sandbox for i in prev.interfaces):
+        raise CniError(
+            INVALID_NETWORK_CONFIG,
+            details=f"prevResult.interfaces: no interface {ifname} with a sandbox (expected the result of ADD for this "
+            "attachment)",
+        )
 
 
 class Commands:
@@ -118,6 +127,7 @@ class Commands:
         ips: list[IPConfig] = []
         ipam_routes: Sequence[Route] = ()
         dns = conf.dns
+        self.dp.check_netns(req.netns)  # before anything is leased: a bad netns changes nothing
         with contextlib.ExitStack() as undo:
             if conf.ipam_conf is not None:
                 requested = service.requested_ips(conf.runtime_config, conf.args, req.args.ips)
@@ -125,17 +135,13 @@ class Commands:
                 ips, fresh = service.add(conf.name, ipam_conf, req.container_id, req.ifname, requested, self.opener)
                 if fresh:  # a repeated ADD must not release the lease of the attachment that holds it
                     undo.callback(
-                        _best_effort(
-                            lambda: service.release(conf.name, ipam_conf, req.container_id, req.ifname, self.opener)
-                        )
+                        quietly, service.release, conf.name, ipam_conf, req.container_id, req.ifname, self.opener
                     )
                 ipam_routes = conf.ipam_conf.routes
                 dns = dns or conf.ipam_conf.dns
             elif conf.ipam_type:
                 got = delegate.ipam_add(conf.ipam_type, req.env, req.stdin, req.path)
-                undo.callback(
-                    _best_effort(lambda: delegate.exec_plugin(conf.ipam_type, "DEL", req.env, req.stdin, req.path))
-                )
+                undo.callback(quietly, delegate.exec_plugin, conf.ipam_type, "DEL", req.env, req.stdin, req.path)
                 ips = [ip._replace(interface=None) for ip in got.ips]
                 ipam_routes = got.routes
                 dns = dns or got.dns
@@ -179,11 +185,18 @@ class Commands:
         prev = conf.prev_result
         if prev is None:
             raise CniError(INVALID_NETWORK_CONFIG, details="prevResult: required for CHECK (the result of ADD)")
-        if conf.ipam_conf is not None:
+        _container_interface(prev, req.ifname)
+        if conf.ipam_conf is not None:  # code 3 when the container holds no address: nothing of it is here
             service.check(conf.name, conf.ipam_conf, req.container_id, req.ifname, prev.ips, self.opener)
         elif conf.ipam_type:
             delegate.exec_plugin(conf.ipam_type, "CHECK", req.env, req.stdin, req.path)
-        self.dp.check(conf, req.container_id, req.netns, req.ifname, prev)
+        try:
+            self.dp.check(conf, req.container_id, req.netns, req.ifname, prev)
+        except CniError as e:
+            if e.code != UNKNOWN_CONTAINER or not (conf.ipam_conf is not None or conf.ipam_type):
+                raise
+            # the addresses are still held: the host having lost the rest is a failed CHECK (DEL must clean up)
+            raise CniError(DATAPLANE, "CHECK failed", e.details) from None
 
     # ------------------------------------------------------------ GC
 

@@ -48,14 +48,14 @@ def _netconf(section: Config, sock: Path, data_dir: str) -> dict[str, Any]:
 
 async def _call(sock: Path, env: dict[str, str], conf: dict[str, Any]) -> Any:
     try:
-        answer = await asyncio.to_thread(thick.call, str(sock), env, json.dumps(conf))
+        answer = await asyncio.to_thread(thick.call, str(sock), env, json.dumps(conf).encode())
     except thick.AgentLost as e:
         raise CheckFailed(str(e)) from None
     if answer is None:
         raise CheckFailed(f"{sock} exists but the agent does not answer: is it running and healthy?")
     code, out = answer
     if code != 0:
-        raise CheckFailed(f"{env['CNI_COMMAND']} failed: {out}")
+        raise CheckFailed(f"{env['CNI_COMMAND']} failed: {out.decode(errors='replace')}")
     return json.loads(out) if out else None
 
 

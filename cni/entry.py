@@ -2,15 +2,21 @@
 
 A thin client. Its start-up path imports the standard library only (no pyroute2, grpc or pydantic):
 
-1. VERSION is answered here, without the agent;
-2. otherwise the invocation (``CNI_*`` environment and the config text) goes to the warm agent over the unix socket
-   named by the config's ``socket`` field (default ``/run/nodeplug/cni.sock``), whose answer is printed verbatim
-   with its exit status (:mod:`cni.thick`);
+1. VERSION is answered here, without the agent (:func:`cni.versions.version_answer`);
+2. otherwise the invocation (``CNI_*`` environment and stdin) goes to the warm agent over the unix socket named by
+   the config's ``socket`` field (default ``/run/nodeplug/cni.sock``), whose answer is printed verbatim with its
+   exit status (:mod:`cni.thick`);
 3. when the socket is absent or the agent does not take the request in time (``agentTimeout`` seconds, default 2),
    the work is done here: :mod:`cni.skel` over :mod:`cni.commands` and :mod:`cni.dataplane`, imported only then.
 
-``NODEPLUG_CNI_STANDALONE=1`` in the environment skips the agent (for benchmarks and debugging). Whatever happens,
-stdout carries exactly one result or spec error JSON, and the exit status is 0 or 1.
+The bundle's C launcher runs this when it cannot finish the invocation itself, and says why in variables it sets
+(:data:`cni.thick.LAUNCHER_ENV`): the agent it already asked (never asked twice, never waited for twice), a
+connection it handed on with the time already spent waiting, an agent lost after GO (code 11), or stdin it could not
+read (code 5; stdin is never replayed in part).
+
+``NODEPLUG_CNI_STANDALONE=1`` in the environment skips the agent (for benchmarks and debugging). Whatever the bytes
+on stdin and the environment, stdout carries exactly one result or spec error JSON (nothing after a successful DEL,
+CHECK, GC or STATUS), and the exit status is 0 or 1.
 """
 
 from __future__ import annotations
@@ -18,90 +24,153 @@ from __future__ import annotations
 import os
 import sys
 
-from cni import thick, versions
-from cni.errors import IO_FAILURE, TRY_AGAIN_LATER, CniError
+from cni import strictjson, thick, versions
+from cni.errors import INVALID_NETWORK_CONFIG, IO_FAILURE, TRY_AGAIN_LATER, CniError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Mapping
     from typing import IO, Any, TextIO
 
-
-def _route(stdin: bytes) -> tuple[str, float, str] | None:
-    """(socket path, agent timeout, config text) when the config is readable enough to forward, else None (the
-    standalone path then reports the precise error)."""
-    try:
-        text = stdin.decode()
-        conf = thick.loads(text)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(conf, dict):
-        return None
-    ipam = conf.get("ipam")
-    if not isinstance(ipam, dict):
-        ipam = {}
-    path = conf.get("socket", ipam.get("socket", thick.DEFAULT_SOCKET))
-    timeout = conf.get("agentTimeout", thick.DEFAULT_AGENT_TIMEOUT)
-    if not isinstance(path, str) or not path.startswith("/") or not thick.agent_timeout_ok(timeout):
-        return None
-    return path, float(timeout), text
+    from cni.skel import Handler
 
 
-def _standalone(env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
+class _TooLarge(Exception):
+    pass
+
+
+def _read(stream: IO[bytes]) -> bytes:
+    """All of stdin, at most :data:`cni.thick.MAX_STDIN` bytes (_TooLarge beyond; OSError when unreadable)."""
+    data = stream.read(thick.MAX_STDIN + 1)
+    if len(data) > thick.MAX_STDIN:
+        raise _TooLarge
+    return data
+
+
+def _standalone(env: Mapping[str, str], stdin: bytes, stdout: TextIO, handlers: Mapping[str, Handler] | None) -> int:
     from cni import commands, skel
     from cni.commands import Dataplane
 
-    class LazyDataplane:
-        """Imports pyroute2 (through cni.dataplane) only when netlink work is actually needed."""
+    if handlers is None:
 
-        def __getattr__(self, name: str) -> Any:
-            import cni.dataplane
+        class LazyDataplane:
+            """Imports pyroute2 (through cni.dataplane) only when netlink work is actually needed."""
 
-            return getattr(cni.dataplane, name)
+            def __getattr__(self, name: str) -> Any:
+                import cni.dataplane
 
-    dp: Dataplane = LazyDataplane()
-    return skel.run(commands.table(dp), env, stdin, stdout)
+                return getattr(cni.dataplane, name)
+
+        dp: Dataplane = LazyDataplane()
+        handlers = commands.table(dp)
+    return skel.run(handlers, env, stdin, stdout)
 
 
-def run(env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO) -> int:
-    """One invocation; returns the exit status."""
-    command = env.get("CNI_COMMAND", "")
+def _handed(env: Mapping[str, str]) -> tuple[socket.socket, float] | None:
+    """The connection the launcher handed on (a socket it sent the request on) and how long it already waited."""
+    fd_text, waited_text = env.get(thick.ENV_AGENT_FD, ""), env.get(thick.ENV_AGENT_WAITED, "0")
+    if not fd_text.isdigit() or int(fd_text) <= 2:
+        return None
+    import socket
+    import stat
+
+    fd = int(fd_text)
     try:
-        stdin = stdin_stream.read()
-    except OSError as e:
-        stdout.write(CniError(IO_FAILURE, details=f"cannot read the network config from stdin: {e}").to_json())
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return None
+        waited = float(waited_text)
+    except (OSError, ValueError):
+        return None
+    os.set_inheritable(fd, False)
+    return socket.socket(fileno=fd), waited
+
+
+def _ask_agent(env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes] | None:
+    """The agent's answer, or None when the work is to be done here. Raises :class:`cni.thick.AgentLost`."""
+    handed = _handed(env)
+    try:
+        where = thick.route(strictjson.loads(stdin))
+    except ValueError:
+        where = None
+    tried = env.get(thick.ENV_AGENT_TRIED, "")
+    if where is not None and tried and thick.same_socket(where[0], tried):
+        if handed is None:
+            return None  # the launcher found nobody serving it
+        sock, waited = handed
+        with sock:
+            return thick.finish(sock, where[0], where[1] - waited)
+    if handed is not None:
+        handed[0].close()  # another agent's (or no agent's) connection: it never gets GO
+    if where is None:
+        return None
+    path, timeout = where
+    return thick.call(path, {k: v for k, v in env.items() if k.startswith("CNI_")}, stdin, timeout)
+
+
+def run(
+    env: Mapping[str, str], stdin_stream: IO[bytes], stdout: TextIO, handlers: Mapping[str, Handler] | None = None
+) -> int:
+    """One invocation; returns the exit status. ``handlers`` replaces the standalone command table (tests)."""
+    command = env.get("CNI_COMMAND", "")
+    failed = env.get(thick.ENV_STDIN_FAILED)
+    try:
+        if failed == "too large":
+            raise _TooLarge
+        if failed is not None:
+            raise OSError(failed)
+        stdin = _read(stdin_stream)
+    except (OSError, _TooLarge) as e:
+        if command == "VERSION":
+            stdout.write(versions.version_answer())
+            return 0
+        too_large = isinstance(e, _TooLarge)
+        err = CniError(
+            INVALID_NETWORK_CONFIG if too_large else IO_FAILURE,
+            details=f"the network config on stdin is larger than {thick.MAX_STDIN} bytes"
+            if too_large
+            else f"cannot read the network config from stdin: {e}",
+        )
+        stdout.write(err.to_json())
         return 1
     if command == "VERSION":
-        stdout.write(thick.dumps(versions.version_info(_version_of(stdin))))
+        stdout.write(versions.version_answer())
         return 0
-    route = _route(stdin) if env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0") else None
-    if route is not None and command:
-        path, timeout, text = route
-        cni_env = {k: v for k, v in env.items() if k.startswith("CNI_")}
+    lost = env.get(thick.ENV_AGENT_LOST)
+    if lost:
+        stdout.write(CniError(TRY_AGAIN_LATER, details=f"{lost}; retry the operation").to_json(_version_of(stdin)))
+        return 1
+    if command and env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0"):
         try:
-            answer = thick.call(path, cni_env, text, connect_timeout=timeout, ack_timeout=timeout)
+            answer = _ask_agent(env, stdin)
         except thick.AgentLost as e:
             stdout.write(CniError(TRY_AGAIN_LATER, details=f"{e}; retry the operation").to_json(_version_of(stdin)))
             return 1
         if answer is not None:
             code, out = answer
-            stdout.write(out)
+            stdout.write(out.decode("utf-8", "replace"))
             return code
-    return _standalone(env, stdin, stdout)
+    return _standalone(env, stdin, stdout, handlers)
 
 
 def _version_of(stdin: bytes) -> str:
     """Best effort: the config's cniVersion (the latest when stdin is empty or unreadable)."""
     try:
-        conf = thick.loads(stdin.decode())
-    except ValueError:  # UnicodeDecodeError is one too
+        conf = strictjson.loads(stdin)
+    except ValueError:
         return versions.LATEST
     return versions.config_version(conf)
 
 
 def main() -> None:
-    code = run(os.environ, sys.stdin.buffer, sys.stdout)
-    sys.stdout.flush()
+    env = dict(os.environ)
+    for key in thick.LAUNCHER_ENV:  # the launcher's notes are for this process only, not for the commands it runs
+        os.environ.pop(key, None)
+    code = run(env, sys.stdin.buffer, sys.stdout)
+    try:
+        sys.stdout.flush()
+    except OSError:  # nobody reads the answer any more; the exit status still says how it went
+        os._exit(code)
     sys.exit(code)
 
 

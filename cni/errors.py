@@ -13,6 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up path: every import costs)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 # Well-known error codes (CNI spec 1.1.0, "Error"); 1-99 are reserved for the spec, 100+ are plugin-specific.
@@ -95,3 +96,12 @@ class CniError(Exception):
 
     def __repr__(self) -> str:
         return f"CniError({self.code}, {self.msg!r}, {self.details!r})"
+
+
+def quietly(fn: Callable[..., object], *args: Any) -> None:
+    """Run an undo step (``exit_stack.callback(quietly, fn, *args)``): its own failure must not hide the error that
+    caused the rollback."""
+    try:  # noqa: SIM105 - no contextlib on the entry point's start-up path
+        fn(*args)
+    except Exception:
+        pass  # by design: the error being handled is the one to report

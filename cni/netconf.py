@@ -5,7 +5,8 @@ Two shapes reach the entry point:
 - :class:`BridgeConf` — nodeplug as the main plugin (``"type": "nodeplug"``), with the reference ``bridge`` plugin's
   key names (bridge, mtu, isGateway, isDefaultGateway, forceAddress, ipMasq, hairpinMode, promiscMode, vlan, ipam, dns)
   plus ``socket`` (where the agent serves thick mode) and ``agentTimeout`` (how long the entry point waits for the
-  agent to take a request before doing the work itself);
+  agent to take a request before doing the work itself, in all: the bundle's launcher, which cannot read it, waits
+  its own 0.5 s and hands over the rest, so a stuck agent costs the longer of the two, once);
 - :class:`IpamPluginConf` — nodeplug as *another* plugin's IPAM (the top-level ``type`` is someone else's, e.g. the
   reference ``bridge``, and ``ipam.type`` is ``"nodeplug"``). Only the keys IPAM needs are read, so the calling
   plugin's own fields (which may clash with ours in type) are never judged.
@@ -17,11 +18,11 @@ got "abc"``. Standard library only, and cheap: it runs on every standalone call.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from cni import strictjson
 from cni.errors import DECODE_FAILURE, INVALID_NETWORK_CONFIG, CniError
 from cni.thick import DEFAULT_AGENT_TIMEOUT, DEFAULT_SOCKET, agent_timeout_ok
 from cni.types import (
@@ -45,12 +46,19 @@ ATTACHMENTS_KEY = "cni.dev/attachments"  # the spec's earlier spelling; libcni s
 
 _NETWORK_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 _IFNAME_BAD = re.compile(r"[/:\s]")
+IFNAME_RULE = "an interface name of 1-15 characters without '/', ':' or spaces"
+
+
+def ifname_ok(name: str) -> bool:
+    """Linux interface name rules (the bridge in a config, ``CNI_IFNAME``): 1-15 bytes, no '/', ':' or whitespace,
+    not '.' or '..'."""
+    return bool(name) and len(name.encode()) <= 15 and not _IFNAME_BAD.search(name) and name not in (".", "..")
 
 
 def check_ifname(name: str, where: str) -> str:
-    """Linux interface name rules: 1-15 bytes, no '/', ':' or whitespace, not '.' or '..'."""
-    if not name or len(name.encode()) > 15 or _IFNAME_BAD.search(name) or name in (".", ".."):
-        raise _bad(where, "an interface name of 1-15 characters without '/', ':' or spaces", name)
+    """``name`` when it follows :func:`ifname_ok`, else code 7 naming ``where``."""
+    if not ifname_ok(name):
+        raise _bad(where, IFNAME_RULE, name)
     return name
 
 
@@ -336,10 +344,11 @@ def is_ipam_invocation(d: Mapping[str, Any]) -> bool:
 
 
 def decode(data: bytes | str) -> dict[str, Any]:
-    """Bytes from stdin -> a JSON object (code 6 when it is not one)."""
+    """Bytes from stdin -> a JSON object (code 6 when it is not one: not UTF-8, not strict JSON (``NaN`` and
+    ``Infinity`` are not), nested too deeply, or not an object)."""
     try:
-        d = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        d = strictjson.loads(data)
+    except ValueError as e:  # UnicodeDecodeError is one too
         raise CniError(DECODE_FAILURE, details=f"network config on stdin is not valid JSON: {e}") from None
     if not isinstance(d, dict):
         raise CniError(DECODE_FAILURE, details=f"network config on stdin must be a JSON object, got {type(d).__name__}")

@@ -4,6 +4,10 @@ An asyncio unix server speaks :mod:`cni.thick`: read the request, ACK, wait for 
 code the standalone entry point runs (:func:`cni.skel.run` over :mod:`cni.commands` and :mod:`cni.dataplane`) in a
 thread pool of ``workers`` threads, and send back the exit status and stdout. Requests for the same container id are
 serialised (an ADD and the DEL that follows a failed sandbox never overlap); different containers run concurrently.
+A request larger than ``max_request_bytes`` is answered with an error naming the limit (NAK), never run, and never
+left to a silent fallback; a config naming another agent's socket gets NOT_HERE. The socket file is created with mode
+0600 by ``bind`` itself (the mode is set on the socket before it has a name), so it is never connectable by others,
+whatever the umask.
 
 Warm state is the point: pyroute2 is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
 caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
@@ -23,6 +27,7 @@ import importlib
 import io
 import json
 import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +37,7 @@ from prometheus_client import Counter, Histogram
 
 from cni import thick
 from cni.config import Config
+from cni.errors import INVALID_NETWORK_CONFIG, CniError
 from nodeplug.grpcserve import remove_stale_socket
 from nodeplug.metrics import RPC_BUCKETS
 from nodeplug.plugin import AgentContext, Readiness
@@ -102,8 +108,7 @@ class CniPlugin:
         self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
-        self._server = await asyncio.start_unix_server(self._accept, path=str(self.path), backlog=1024)
-        os.chmod(self.path, 0o600)
+        self._server = await asyncio.start_unix_server(self._accept, sock=_listening_socket(self.path))
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
         await self._start_cluster()
 
@@ -185,10 +190,17 @@ class CniPlugin:
                 await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        frame = await asyncio.wait_for(
-            thick.read_frame_async(reader, self.section.max_request_bytes), self.section.handshake_timeout
-        )
-        env, stdin = thick.parse_request(frame)
+        wait = self.section.handshake_timeout
+        env_size, stdin_size = thick.parse_header(await asyncio.wait_for(reader.readexactly(thick.HEADER_SIZE), wait))
+        size = env_size + stdin_size
+        if size > self.section.max_request_bytes:
+            await self._refuse(reader, writer, size)
+            return
+        env, stdin = thick.parse_body(await asyncio.wait_for(reader.readexactly(size), wait), env_size)
+        if not thick.routes_here(stdin, str(self.path)):
+            writer.write(thick.NOT_HERE)
+            await writer.drain()
+            return
         writer.write(thick.ACK)
         await writer.drain()
         if await asyncio.wait_for(reader.readexactly(1), self.section.handshake_timeout) != thick.GO:
@@ -208,8 +220,25 @@ class CniPlugin:
             self.log.info("CNI request done", ms=round(seconds * 1000, 1), **fields)
         else:
             self.log.warning("CNI request failed", code=cni_code, detail=out[:500], **fields)
-        writer.write(thick.encode_frame({"exit": code, "stdout": out}))
+        writer.write(thick.encode_reply(code, out.encode()))
         await writer.drain()
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int) -> None:
+        """NAK a request larger than ``max_request_bytes`` with an error naming the limit, and read the rest of it
+        away (for at most the handshake timeout) so the client, still sending, gets to read the answer."""
+        limit = self.section.max_request_bytes
+        err = CniError(
+            INVALID_NETWORK_CONFIG,
+            details=f"the request ({size} bytes of environment and network config) is larger than the agent accepts "
+            f"({limit} bytes: cni.max_request_bytes in the agent config)",
+        )
+        self.log.warning("CNI request refused", size=size, limit=limit)
+        writer.write(thick.NAK + thick.encode_reply(1, err.to_json().encode()))
+        await writer.drain()
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(self.section.handshake_timeout):
+                while size > 0 and (chunk := await reader.read(min(size, 1 << 16))):
+                    size -= len(chunk)
 
     def _run(self, env: dict[str, str], stdin: bytes) -> tuple[int, str]:
         from cni import skel
@@ -217,6 +246,20 @@ class CniPlugin:
         buf = io.StringIO()
         code = skel.run(self._table, env, stdin, buf)
         return code, buf.getvalue()
+
+
+def _listening_socket(path: Path) -> socket.socket:
+    """A unix stream socket listening at ``path`` whose file is born with mode 0600: on Linux ``bind`` gives the file
+    the socket's own mode (less the umask), so it is set first; there is no moment when others may connect."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        os.fchmod(sock.fileno(), 0o600)
+        sock.bind(str(path))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _result_code(exit_code: int, out: str) -> int:

@@ -4,7 +4,7 @@
 bytes, a text stream), so it is tested with dicts and buffers and shared verbatim by the standalone entry point and
 the agent's thick-mode server. The steps, each failing with its spec code:
 
-1. ``CNI_COMMAND`` known (4); VERSION is answered right here from stdin's ``cniVersion``;
+1. ``CNI_COMMAND`` known (4); VERSION is answered right here (:func:`cni.versions.version_answer`);
 2. the variables the command needs (``CNI_CONTAINERID``, ``CNI_NETNS``, ``CNI_IFNAME``, ``CNI_PATH``) present and
    well formed (4, naming the variable); ``CNI_ARGS`` parsed (4 for an unknown key unless ``IgnoreUnknown``);
 3. stdin decoded as a JSON object (6); ``cniVersion`` supported and allowing the command (1);
@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TextIO
 
-from cni import netconf, versions
+from cni import netconf, strictjson, versions
 from cni.errors import INTERNAL, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG, CniError
 from cni.netconf import NetConf
 from cni.types import EMPTY, Result, repr_without
@@ -41,7 +41,6 @@ _REQUIRED = {
 }
 
 _CONTAINER_ID = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-_IFNAME_BAD = re.compile(r"[/:\s]")
 KNOWN_ARGS = ("IgnoreUnknown", "K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID", "IP")
 
 
@@ -140,12 +139,8 @@ def parse_env(env: Mapping[str, str]) -> tuple[str, str, str, str, CniArgs, tupl
             f"got {cid!r}",
         )
     ifname = env.get("CNI_IFNAME", "")
-    if ifname and (len(ifname.encode()) > 15 or _IFNAME_BAD.search(ifname) or ifname in (".", "..")):
-        raise CniError(
-            INVALID_ENVIRONMENT,
-            details=f"CNI_IFNAME: expected an interface name of 1-15 characters without '/', ':' or spaces, "
-            f"got {ifname!r}",
-        )
+    if ifname and not netconf.ifname_ok(ifname):
+        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_IFNAME: expected {netconf.IFNAME_RULE}, got {ifname!r}")
     netns = env.get("CNI_NETNS", "")
     if netns and not netns.startswith("/"):
         raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS: expected an absolute path, got {netns!r}")
@@ -168,11 +163,11 @@ def parse_conf(command: str, stdin: bytes) -> NetConf:
     return netconf.parse(raw)
 
 
-def _config_version(stdin: bytes) -> str:
-    """Best effort: the config's cniVersion, for VERSION and the error JSON; the latest when empty or unreadable."""
+def config_version(stdin: bytes) -> str:
+    """Best effort: the config's cniVersion, for the error JSON; the latest when empty or unreadable."""
     try:
-        conf = json.loads(stdin)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        conf = strictjson.loads(stdin)
+    except ValueError:  # a decode error, UnicodeDecodeError, deep nesting
         return versions.LATEST
     return versions.config_version(conf)
 
@@ -182,7 +177,7 @@ def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, s
     try:
         command = env.get("CNI_COMMAND", "")
         if command == "VERSION":
-            stdout.write(json.dumps(versions.version_info(_config_version(stdin))))
+            stdout.write(versions.version_answer())
             return 0
         command, cid, netns, ifname, args, path = parse_env(env)
         conf = parse_conf(command, stdin)
@@ -196,9 +191,9 @@ def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, s
             stdout.write(json.dumps(versions.convert_result(result.to_dict(), conf.cni_version)))
         return 0
     except CniError as e:
-        stdout.write(e.to_json(_config_version(stdin)))
+        stdout.write(e.to_json(config_version(stdin)))
         return 1
     except Exception as e:  # a bug or an unexpected kernel failure: still spec-shaped
         err = CniError(INTERNAL, details=f"{type(e).__name__}: {e}")
-        stdout.write(err.to_json(_config_version(stdin)))
+        stdout.write(err.to_json(config_version(stdin)))
         return 1

@@ -41,8 +41,8 @@ def _bad(where: str, expected: str, got: Any) -> CniError:
 def _show(value: Any) -> str:
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        text = f"a deeply nested {type(value).__name__}"
     return text if len(text) <= 80 else text[:77] + "..."
 
 

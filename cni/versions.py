@@ -10,6 +10,10 @@ and converted only here, when they are written for the config's ``cniVersion``:
 
 Commands have a minimum version: CHECK needs 0.4.0, GC and STATUS need 1.1.0 (code 1 otherwise, as the Go skel).
 
+VERSION has one answer, :func:`version_answer`, whatever the caller's config says (as the Go skel and the reference
+plugins answer it): the latest version we speak and all of them. The bundle's launcher prints the very same bytes
+(its C copy is generated from this module by :mod:`cni.launcher.protocol`).
+
 Standard library only: this is on the entry point's start-up path.
 """
 
@@ -58,10 +62,16 @@ def config_version(config: Any) -> str:
     return v if v in SUPPORTED else LATEST
 
 
-def version_info(current: str = LATEST) -> dict[str, Any]:
-    """The VERSION answer: ``current`` (the caller's version, from :func:`config_version`) and every version we
-    support."""
-    return {"cniVersion": current, "supportedVersions": list(SUPPORTED)}
+def version_info() -> dict[str, Any]:
+    """The VERSION answer as a dict: the latest version and every version we support."""
+    return {"cniVersion": LATEST, "supportedVersions": list(SUPPORTED)}
+
+
+def version_answer() -> str:
+    """The VERSION answer as printed: ``json.dumps(version_info())``, built without importing json (the versions are
+    plain ASCII constants; a test checks the two agree)."""
+    listed = ", ".join(f'"{v}"' for v in SUPPORTED)
+    return f'{{"cniVersion": "{LATEST}", "supportedVersions": [{listed}]}}'
 
 
 _IFACE_1_1_ONLY = ("mtu", "socketPath", "pciID")

@@ -6,8 +6,10 @@ Every line carries ``ts``, ``level``, ``plugin`` and ``msg``; callers add the id
     log = get_logger("csi")
     log.info("volume staged", volume_id=vid, staging_path=str(path))
 
-Values are quoted when they contain spaces, quotes or ``=``. Secrets are never passed as fields: servicers log ids,
-not requests.
+Values are quoted when they contain spaces, quotes, ``=`` or anything not printable; inside quotes a backslash, a
+quote and every unprintable character (CR, LF, ESC, NUL, other control and format characters, line separators) are
+escaped (``\\n``, ``\\x1b``, ``\\u2028``), so a value taken from a request can never start a line of its own or
+drive a terminal. Secrets are never passed as fields: servicers log ids, not requests.
 """
 
 from __future__ import annotations
@@ -20,11 +22,23 @@ from typing import Any
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+_SHORT_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    if c in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[c]
+    if c.isprintable():
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 def _quote(value: object) -> str:
     s = str(value)
-    if s == "" or any(c in s for c in ' "=\n\t'):
-        s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return s
+    if s and s.isprintable() and not any(c in s for c in ' "='):
+        return s
+    return '"' + "".join(map(_escape, s)) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):

@@ -125,6 +125,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # ---------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(name="sh")
+def sh_fixture() -> Callable[..., str]:
+    """:func:`sh` for test modules, which take what they share as fixtures rather than importing conftest."""
+    return sh
+
+
 @pytest.fixture
 def tmp_root(tmp_path: Path) -> Path:
     """A fresh directory to use as the agent's ``--root``."""
@@ -214,8 +220,8 @@ def mounts() -> Iterator[Callable[[Path], Path]]:
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE_CACHE = REPO / "build" / "test-cni-bundle"
-BUNDLE_SOURCES = ["scripts/build-cni-bundle", "daemonset/bundle/launcher.c", "daemonset/bundle/fastpath.c",
-                  "daemonset/bundle/fastpath.h", "pyproject.toml"]  # fmt: skip
+BUNDLE_SOURCES = ["scripts/build-cni-bundle", "cni/launcher/launcher.c", "cni/launcher/fastpath.c",
+                  "cni/launcher/fastpath.h", "pyproject.toml"]  # fmt: skip
 
 
 def _bundle_sources_hash() -> str:

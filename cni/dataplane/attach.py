@@ -13,26 +13,29 @@ fails (``pop_all()`` on success):
 7. forwarding sysctls on the host (``isGateway``);
 8. masquerade rules (``ipMasq``, :mod:`masq`) — undo: delete the attachment's rules.
 
-DEL deletes the host end (which takes the pod end with it, wherever it is) and the attachment's rules (whatever
-``ipMasq`` says now), side by side (each waits for a kernel RCU grace period; together DEL takes about as long as the
-slower of the two). It needs neither the netns nor the addresses, and treats everything already gone as done.
+DEL deletes the host end (which takes the pod end with it, wherever it is) and, when ADD put masquerade rules in place
+(the host veth's alias says so, :mod:`names`; or ``ipMasq`` is on and the veth is gone or older than that mark), the
+attachment's rules, side by side (each waits for a kernel RCU grace period; together DEL takes about as long as the
+slower of the two). Without rules it runs no ``nft`` and imports nothing to run it. It needs neither the netns nor the
+addresses, and treats everything already gone as done.
+
+The pod's netns is checked (:func:`cni.dataplane.netns.check_netns`) by the orchestration before any address is
+leased; ADD opens it again the same way, so whatever ``CNI_NETNS`` names, nothing here blocks on it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from cni.dataplane import masq, names, sysctl
 from cni.dataplane.addrs import configure_pod
 from cni.dataplane.bridge import ensure_bridge
 from cni.dataplane.netns import open_netns, same_netns
-from cni.dataplane.nl import host_socket, socket_in
+from cni.dataplane.nl import get_link, host_socket, socket_in
 from cni.dataplane.veth import configure_host_port, create_pair, delete_host_end, index_of
-from cni.errors import INVALID_ENVIRONMENT, CniError
+from cni.errors import INVALID_ENVIRONMENT, CniError, quietly
 from cni.netconf import BridgeConf
 from cni.types import Interface, IPConfig, Route
 
@@ -55,7 +58,7 @@ def add(
         with host_socket() as nl, contextlib.ExitStack() as undo:
             br_index, br_iface = ensure_bridge(nl, conf, ips)
             host_iface, pod_iface = create_pair(nl, conf, br_index, host_name, nsfd, netns, ifname)
-            undo.callback(_quietly, delete_host_end, nl, host_name)
+            undo.callback(quietly, delete_host_end, nl, host_name)
             pod_index: list[int] = []
 
             def inside_pod() -> None:
@@ -63,13 +66,14 @@ def add(
                 if 6 in families:
                     sysctl.ensure(sysctl.conf_key(6, ifname, "accept_dad"), "0", missing_ok=True)
 
+            masquerade = conf.ip_masq and bool(ips)
             with socket_in(nsfd, netns, inside_pod) as nsr:
-                configure_host_port(nl, conf, host_name, names.alias(conf.name, container_id, ifname))
+                configure_host_port(nl, conf, host_name, names.alias(conf.name, container_id, ifname, masquerade))
                 configure_pod(nsr, netns, ifname, pod_index[0], ips, routes)
             if conf.is_gateway:
                 _forwarding(families)
-            if conf.ip_masq and ips:
-                undo.callback(_quietly, masq.delete_attachment, conf.name, host_name)
+            if masquerade:
+                undo.callback(quietly, masq.delete_attachment, conf.name, host_name)
                 masq.add_rules(conf.name, host_name, container_id, [ip.address for ip in ips])
             undo.pop_all()
             return [br_iface, host_iface, pod_iface]
@@ -80,16 +84,24 @@ def add(
 def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, ips: Sequence[IPConfig]) -> None:
     """Detach the pod; idempotent, and needs neither the netns nor ``ips`` (rules are found by their comment)."""
     host_name = names.host_veth_name(container_id, ifname)
-    # The rules are looked for even when ipMasq is off now (it may have been on at ADD time), side by side with the link
-    # deletion: that waits for a kernel RCU grace period anyway, so the nft listing (and a deletion transaction, which
-    # waits for one too) costs no extra wall time. A thread started here shares this thread's netns, so nft runs where
-    # the rules are.
-    rules = _Background(masq.delete_attachment, conf.name, host_name)
-    try:
-        with host_socket() as nl:
-            delete_host_end(nl, host_name)
-    finally:
-        rules.result()
+    with host_socket() as nl:
+        link = get_link(nl, host_name)
+        recorded = names.alias_masq(str(link.get("IFLA_IFALIAS") or "")) if link is not None else None
+        if not (conf.ip_masq if recorded is None else recorded):
+            if link is not None:
+                delete_host_end(nl, host_name)
+            return
+        # The rules go side by side with the link: its deletion waits for a kernel RCU grace period anyway, so the nft
+        # listing (and a deletion transaction, which waits for one too) costs no extra wall time. The pool's thread is
+        # started here, so it shares this thread's netns and nft runs where the rules are.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="nodeplug-cni-nft") as pool:
+            rules = pool.submit(masq.delete_attachment, conf.name, host_name)
+            try:
+                delete_host_end(nl, host_name)
+            finally:
+                rules.result()
 
 
 def _forwarding(families: set[int]) -> None:
@@ -97,30 +109,3 @@ def _forwarding(families: set[int]) -> None:
         sysctl.ensure("net/ipv4/ip_forward", "1")
     if 6 in families:
         sysctl.ensure("net/ipv6/conf/all/forwarding", "1")
-
-
-class _Background:
-    """Run ``fn(*args)`` on a new thread; :meth:`result` joins it and re-raises its exception."""
-
-    def __init__(self, fn: Callable[..., object], *args: Any) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="nodeplug-cni-nft", daemon=True)
-        self._thread.start()
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _quietly(fn: Callable[..., object], *args: Any) -> None:
-    """Run an undo step; its own failure must not hide the error that caused the rollback."""
-    with contextlib.suppress(Exception):
-        fn(*args)

@@ -152,4 +152,4 @@ def _bridge_self_in_vlan(name: str, vlan: int) -> None:
     try:
         run_tool(["bridge", "vlan", "add", "vid", str(vlan), "dev", name, "self", "pvid", "untagged"], timeout=10)
     except ToolError as e:
-        raise CniError(DATAPLANE, details=f"vlan: put bridge {name} itself into VLAN {vlan}: {e}") from None
+        raise e.cni_error(f"vlan: put bridge {name} itself into VLAN {vlan}") from None

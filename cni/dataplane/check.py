@@ -1,8 +1,10 @@
 """CHECK: the attachment still looks the way ADD left it (``prevResult``).
 
-On the host: the bridge exists and the host veth is one of its ports. In the pod netns: ``ifname`` exists with the MAC
-of prevResult's interface for it (and the configured MTU), every address prevResult gives that interface is on it,
-and every route of prevResult is in the routing table. The first difference found is the error, naming it.
+On the host: the host veth exists (code 3 when it does not: the attachment is not here) and is a port of the bridge;
+with ``ipMasq``, a masquerade rule of the attachment matches each of its addresses. In the pod netns: ``ifname``
+exists with the MAC of prevResult's interface for it (and the configured MTU), every address prevResult gives that
+interface is on it, and every route of prevResult is in the routing table. The first difference found is the error,
+naming it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import ipaddress
 import os
 from typing import Any
 
-from cni.dataplane import names
+from cni.dataplane import masq, names
 from cni.dataplane.netns import open_netns
 from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, routes, socket_in
-from cni.errors import DATAPLANE, CniError
+from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni.netconf import BridgeConf
 from cni.types import Result, Route
 
@@ -23,12 +25,15 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
     """Raise CniError naming the first mismatch between the kernel and ``prev``."""
     host_name = names.host_veth_name(container_id, ifname)
     with host_socket() as nl:
+        hv = get_link(nl, host_name)
+        if hv is None:
+            raise CniError(
+                UNKNOWN_CONTAINER,
+                details=f"container {container_id} ifname {ifname} is not attached (no host interface {host_name})",
+            )
         br = get_link(nl, conf.bridge)
         if br is None:
             raise _mismatch(f"bridge {conf.bridge} is missing")
-        hv = get_link(nl, host_name)
-        if hv is None:
-            raise _mismatch(f"host interface {host_name} of {ifname} is missing")
         if hv.get("IFLA_MASTER") != br["index"]:
             raise _mismatch(f"host interface {host_name} is not a port of bridge {conf.bridge}")
     pod_index = None
@@ -36,7 +41,7 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
         if iface.name == ifname and iface.sandbox:
             pod_index = i
     if pod_index is None:
-        raise _mismatch(f"prevResult has no interface {ifname} with a sandbox")
+        raise CniError(INVALID_NETWORK_CONFIG, details=f"prevResult.interfaces: no interface {ifname} with a sandbox")
     want = prev.interfaces[pod_index]
     if want.sandbox != netns:
         raise _mismatch(f"interface {ifname}: prevResult puts it in {want.sandbox}, not in {netns}")
@@ -66,6 +71,12 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
                         raise _mismatch(f"route {route.dst}{via} is missing from {netns}")
     finally:
         os.close(nsfd)
+    if conf.ip_masq:
+        pod_ips = [ip for ip in prev.ips if ip.interface is None or ip.interface == pod_index]
+        sources = masq.sources(conf.name, host_name)
+        for ip in pod_ips:
+            if str(ip.address.ip) not in sources:
+                raise _mismatch(f"ipMasq: no masquerade rule for {ip.address.ip} (host interface {host_name})")
 
 
 def _mismatch(what: str) -> CniError:

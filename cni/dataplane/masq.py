@@ -67,15 +67,15 @@ def add_rules(network: str, host_veth: str, container_id: str, addresses: Sequen
         return
     except ToolError as e:
         if "No such file or directory" not in e.stderr:
-            raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+            raise e.cni_error("ipMasq") from None
     try:
         _nft([], rules_script(comment, addresses, declare=True))
     except ToolError as e:
-        raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+        raise e.cni_error("ipMasq") from None
 
 
-def list_rules() -> list[tuple[int, str]]:
-    """``(handle, comment)`` of every rule in our chain; empty when the table (or nft itself) is absent."""
+def _rules() -> list[dict[str, Any]]:
+    """The rules of our chain as nft's JSON gives them; empty when the table (or nft itself) is absent."""
     try:
         out = _nft(["-j", "list", "chain", "inet", TABLE, CHAIN])
     except ToolError as e:
@@ -83,17 +83,36 @@ def list_rules() -> list[tuple[int, str]]:
             return []  # nft is not installed: no rule of ours can exist
         if "No such file or directory" in e.stderr:
             return []
-        raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+        raise e.cni_error("ipMasq") from None
     try:
         items = json.loads(out).get("nftables", [])
-    except ValueError:
-        raise CniError(DATAPLANE, details=f"ipMasq: nft -j printed something that is not JSON: {out[:200]!r}") from None
-    rules = []
-    for item in items:
-        rule = item.get("rule") if isinstance(item, dict) else None
-        if isinstance(rule, dict) and "handle" in rule:
-            rules.append((int(rule["handle"]), str(rule.get("comment", ""))))
-    return rules
+    except (ValueError, AttributeError):
+        raise CniError(DATAPLANE, details=f"ipMasq: nft -j printed something unexpected: {out[:200]!r}") from None
+    rules = (item.get("rule") if isinstance(item, dict) else None for item in items)
+    return [rule for rule in rules if isinstance(rule, dict) and "handle" in rule]
+
+
+def list_rules() -> list[tuple[int, str]]:
+    """``(handle, comment)`` of every rule in our chain; empty when the table (or nft itself) is absent."""
+    return [(int(rule["handle"]), str(rule.get("comment", ""))) for rule in _rules()]
+
+
+def sources(network: str, host_veth: str) -> set[str]:
+    """The source addresses the attachment's masquerade rules match (CHECK compares them with prevResult)."""
+    key = names.rule_key(network, host_veth)
+    out: set[str] = set()
+    for rule in _rules():
+        comment = str(rule.get("comment", ""))
+        if comment != key and not comment.startswith(key + " "):
+            continue
+        for expr in rule.get("expr") or ():
+            match = expr.get("match") if isinstance(expr, dict) else None
+            if not isinstance(match, dict) or match.get("op") != "==" or not isinstance(match.get("left"), dict):
+                continue
+            payload = match["left"].get("payload")
+            if isinstance(payload, dict) and payload.get("field") == "saddr":
+                out.add(str(match.get("right")))
+    return out
 
 
 def delete_rules(select: Callable[[str], bool]) -> int:
@@ -110,7 +129,7 @@ def delete_rules(select: Callable[[str], bool]) -> int:
         except ToolError as e:
             if attempt == 0 and "No such file or directory" in e.stderr:
                 continue
-            raise CniError(DATAPLANE, details=f"ipMasq: {e}") from None
+            raise e.cni_error("ipMasq") from None
     return 0
 
 

@@ -1,8 +1,10 @@
 """Names and marks that let DEL and GC find what ADD made, without the pod's netns and without a state file.
 
 - host veth name: ``veth`` + 8 hex digits of sha256(container_id, ifname) — the same every time for one attachment;
-- host veth alias (IFLA_IFALIAS): ``nodeplug <netkey> <ifname> <container_id>`` — marks the link as ours and says which
-  network and attachment it serves, for GC and for people reading ``ip link``;
+- host veth alias (IFLA_IFALIAS): ``nodeplug <netkey> <ifname> <container_id> +masq`` (or ``+nomasq``) — marks the
+  link as ours, says which network and attachment it serves (for GC and for people reading ``ip link``) and whether
+  ADD put masquerade rules in place (so DEL runs ``nft`` only then). A container id too long for the kernel's limit on
+  aliases (254 bytes here) is replaced by ``#`` and 32 hex digits of its hash (``#`` never starts a container id);
 - nft rule comment: ``nodeplug <host veth> <netkey> <container_id>`` — DEL and GC match on the first three words.
 
 ``netkey`` is the network name, or ``#`` + 12 hex digits of its hash when the name is too long to leave room for the
@@ -25,7 +27,8 @@ except ImportError:
         from hashlib import sha256 as _sha256
 
 ALIAS_PREFIX = "nodeplug "
-_ALIAS_MAX = 255  # IFALIASZ - 1
+_ALIAS_MAX = 254  # bytes: IFALIASZ is 256 with the NUL, and the kernel refuses an alias of 255 bytes (seen on 6.x)
+MASQ, NO_MASQ = "+masq", "+nomasq"
 _COMMENT_MAX = 127  # NFT_USERDATA_MAXLEN is 256, but nft limits comments to 128 bytes including the NUL
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.#\- ]")
@@ -46,8 +49,19 @@ def netkey(network: str) -> str:
     return "#" + _hexdigest(network)[:12]
 
 
-def alias(network: str, container_id: str, ifname: str) -> str:
-    return f"{ALIAS_PREFIX}{netkey(network)} {ifname} {container_id}"[:_ALIAS_MAX]
+def alias(network: str, container_id: str, ifname: str, masq: bool) -> str:
+    """The host veth's alias: within the kernel's limit, and different for every attachment."""
+    head, flag = f"{ALIAS_PREFIX}{netkey(network)} {ifname} ", MASQ if masq else NO_MASQ
+    text = f"{head}{container_id} {flag}"
+    if len(text.encode()) > _ALIAS_MAX:
+        text = f"{head}#{_hexdigest(container_id)[:32]} {flag}"
+    return text
+
+
+def alias_masq(alias: str) -> bool | None:
+    """Whether ADD put masquerade rules in place for the attachment whose host veth has ``alias``; None when the
+    alias does not say (one made by an earlier release)."""
+    return {MASQ: True, NO_MASQ: False}.get(alias.rsplit(" ", 1)[-1])
 
 
 def alias_network_prefix(network: str) -> str:

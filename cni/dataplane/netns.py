@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 from collections.abc import Iterator
 
 from cni.errors import INVALID_ENVIRONMENT, CniError
 
 CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3): the CLONE_NEW* type of a namespace file (Linux 4.11)
 _THREAD_NETNS = "/proc/thread-self/ns/net"
 
 _libc: ctypes.CDLL | None = None
@@ -46,17 +48,41 @@ def _setns(fd: int) -> None:
 
 
 def open_netns(path: str) -> int:
-    """Open a netns file (``/run/netns/NAME``, ``/proc/PID/ns/net``) for :func:`entered`; the caller closes it."""
+    """Open a netns file (``/run/netns/NAME``, ``/proc/PID/ns/net``) for :func:`entered`; the caller closes it.
+
+    Whatever ``path`` names, this never blocks and opens nothing else for reading: it is first opened with O_PATH
+    (which neither blocks on a FIFO nor runs a device's open), checked to be a namespace file (they all live on nsfs),
+    and only then opened for real through that handle; the namespace's type is checked before it is used."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
         raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: no such network namespace") from None
     except OSError as e:
         raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: cannot open: {e.strerror}") from None
-    if os.fstat(fd).st_dev != os.stat(_THREAD_NETNS).st_dev:  # namespace files all live on nsfs
+    try:
+        if os.fstat(handle).st_dev != os.stat(_THREAD_NETNS).st_dev:
+            raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: not a network namespace file")
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    finally:
+        os.close(handle)
+    try:
+        kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError:
+        kind = CLONE_NEWNET  # a kernel without NS_GET_NSTYPE: setns(CLONE_NEWNET) refuses any other type later
+    if kind != CLONE_NEWNET:
         os.close(fd)
-        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: not a network namespace file")
+        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path}: a namespace, but not a network namespace")
     return fd
+
+
+def check_netns(path: str) -> None:
+    """Code 4 unless ``path`` is a network namespace other than the calling thread's own (see :func:`open_netns`)."""
+    fd = open_netns(path)
+    try:
+        if same_netns(fd):
+            raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS {path} is the host's own network namespace")
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from cni.dataplane.rtnl import (
     ifinfmsg,
     rtmsg,
 )
-from cni.errors import DATAPLANE, CniError
+from cni.errors import DATAPLANE, TRY_AGAIN_LATER, CniError
 from cni.types import Route
 
 IFF_UP = 0x1
@@ -61,15 +61,22 @@ Attr = tuple[str, Any]
 __all__ = ["NetlinkError", "Rtnl"]
 
 
+_TRANSIENT = frozenset({errno.ETIMEDOUT, errno.EAGAIN, errno.ENOBUFS})  # load, not a fault: try again later
+
+
 def nl_error(what: str, e: BaseException) -> CniError:
-    """``what`` failed: a CniError (code 101) carrying the kernel's reason (and its extended message, if any)."""
+    """``what`` failed: a CniError carrying the kernel's reason (and its extended message, if any); code 11 (try
+    again later) for a transient condition (no answer in time, no buffer space), else 101."""
+    code = 0
     if isinstance(e, NetlinkError):
+        code = e.code
         reason = str(e.args[1]) if len(e.args) > 1 and e.args[1] else os.strerror(e.code)
     elif isinstance(e, OSError) and e.errno:
+        code = e.errno
         reason = e.strerror or os.strerror(e.errno)
     else:
         reason = str(e)
-    return CniError(DATAPLANE, details=f"{what}: {reason}")
+    return CniError(TRY_AGAIN_LATER if code in _TRANSIENT else DATAPLANE, details=f"{what}: {reason}")
 
 
 @contextmanager

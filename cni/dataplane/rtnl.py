@@ -20,12 +20,15 @@ The transport (:class:`Rtnl`): one request at a time per socket, each with its o
 answer is read until its ACK (``NLMSG_ERROR`` with code 0), its error, or the end of a dump (``NLMSG_DONE``). Errors
 carry the kernel's extended ACK message when it sends one (``NETLINK_EXT_ACK``), e.g. "Invalid prefix for given
 prefix length". A dump the kernel marks interrupted (``NLM_F_DUMP_INTR``: the table changed while it was read) is read
-again. A socket is bound to the network namespace of the thread that opens it, for its whole life.
+again. A socket is bound to the network namespace of the thread that opens it, for its whole life. Every send and
+receive has a deadline (:data:`TIMEOUT`): a kernel that does not answer in time (RTNL held elsewhere for that long)
+is a NetlinkError ETIMEDOUT, which the dataplane reports as try-again-later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import os
 import socket
@@ -134,6 +137,7 @@ _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence num
 _ERRNO = struct.Struct("=i")
 _ATTR = struct.Struct("=HH")  # nlattr: length, type
 _DUMP_ATTEMPTS = 5
+TIMEOUT = 15.0  # seconds one send or receive may take
 _RECV_SIZE = 1 << 16
 
 
@@ -147,6 +151,10 @@ class Rtnl:
                 with contextlib.suppress(OSError):  # older kernels: plain errno answers
                     sock.setsockopt(SOL_NETLINK, option, 1)
             sock.bind((0, 0))
+            # the kernel's own timeouts (the socket stays blocking: no poll() before every call, as settimeout adds)
+            limit = struct.pack("@ll", int(TIMEOUT), int(TIMEOUT % 1 * 1_000_000))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
         except BaseException:
             sock.close()
             raise
@@ -197,7 +205,10 @@ class Rtnl:
         header["pid"] = 0
         msg.reset()
         msg.encode()
-        self._sock.send(msg.data)
+        try:
+            self._sock.send(msg.data)
+        except BlockingIOError:  # SO_SNDTIMEO ran out
+            raise NetlinkError(errno.ETIMEDOUT, f"the kernel took no request within {TIMEOUT:g}s") from None
         return self._seq
 
     def _replies(self, seq: int, done_at_ack: bool, first_only: bool = False) -> Iterator[tuple[int, bytes]]:
@@ -231,10 +242,13 @@ class Rtnl:
         # Peek at the real size first, as iproute2 does: a datagram larger than the buffer would otherwise be cut
         # silently (dumps come in datagrams of at most 32 KiB, but one GET answer, e.g. a link with many VFs, can be
         # bigger). The second system call per datagram costs microseconds.
-        size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
-        if size > len(self._buf):
-            self._buf = bytearray(size)
-        return self._sock.recv_into(self._buf, len(self._buf))
+        try:
+            size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
+            if size > len(self._buf):
+                self._buf = bytearray(size)
+            return self._sock.recv_into(self._buf, len(self._buf))
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise NetlinkError(errno.ETIMEDOUT, f"no answer from the kernel within {TIMEOUT:g}s") from None
 
 
 def parse(buf: memoryview | bytes) -> Iterable[tuple[int, int, int, memoryview]]:

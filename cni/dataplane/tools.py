@@ -2,19 +2,27 @@
 
 ``nodeplug.commands`` is imported on first use: importing the ``nodeplug`` package costs about 15 ms, which a
 standalone CNI call that never runs a command (no ``ipMasq``, no ``vlan``) should not pay. Failures come back as
-:class:`ToolError`, carrying the command's message (naming the command and its stderr) and whether it is missing.
+:class:`ToolError`, carrying the command's message (naming the command and its stderr), whether it is missing and
+whether it timed out (a loaded node: :meth:`ToolError.cni_error` makes that code 11, try again later).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cni.errors import DATAPLANE, TRY_AGAIN_LATER, CniError
+
 
 class ToolError(Exception):
-    def __init__(self, message: str, stderr: str, missing: bool) -> None:
+    def __init__(self, message: str, stderr: str, missing: bool, timed_out: bool = False) -> None:
         super().__init__(message)
         self.stderr = stderr
         self.missing = missing  # the command is not installed
+        self.timed_out = timed_out  # it did not finish in time (the node is loaded): worth trying again later
+
+    def cni_error(self, what: str) -> CniError:
+        """The CNI error for this failure: code 11 (try again later) when it timed out, else 101."""
+        return CniError(TRY_AGAIN_LATER if self.timed_out else DATAPLANE, details=f"{what}: {self}")
 
 
 def run_tool(argv: Sequence[str], timeout: float, input: bytes | None = None) -> str:
@@ -24,4 +32,6 @@ def run_tool(argv: Sequence[str], timeout: float, input: bytes | None = None) ->
     try:
         return run(argv, timeout=timeout, input=input)
     except CommandError as e:
-        raise ToolError(str(e), e.stderr, e.returncode is None and "not found" in e.detail) from None
+        not_run = e.returncode is None
+        missing, timed_out = not_run and "not found" in e.detail, not_run and "timed out" in e.detail
+        raise ToolError(str(e), e.stderr, missing, timed_out) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Collection, Iterator, Sequence
 
-from cni.errors import INVALID_NETWORK_CONFIG, IPAM_EXHAUSTED, CniError
+from cni.errors import INVALID_NETWORK_CONFIG, IPAM_EXHAUSTED, UNKNOWN_CONTAINER, CniError
 from cni.ipam.store import Lease, Txn
 from cni.netconf import IpamConf, RangeConf
 from cni.types import IPAddress, IPConfig
@@ -166,8 +166,13 @@ def free_counts(txn: Txn, ipam: IpamConf) -> list[int]:
 
 
 def check(txn: Txn, container_id: str, ifname: str, ips: Sequence[IPConfig]) -> None:
-    """CHECK: every address of prevResult is leased to (container_id, ifname)."""
+    """CHECK: every address of prevResult is leased to (container_id, ifname); code 3 when it holds none at all (the
+    attachment is unknown here: deleted, or never added)."""
     mine = {x.ip for x in txn.leases_of(container_id, ifname)}
+    if not mine:
+        raise CniError(
+            UNKNOWN_CONTAINER, details=f"container {container_id} ifname {ifname} holds no address here (deleted?)"
+        )
     for ip in ips:
         if str(ip.address.ip) not in mine:
             raise CniError(

@@ -16,13 +16,13 @@ IPAM never pays for it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cni.errors import DELEGATE, INVALID_NETWORK_CONFIG, CniError
+from cni import strictjson
+from cni.errors import DELEGATE, INVALID_NETWORK_CONFIG, TRY_AGAIN_LATER, CniError
 from cni.types import Result
 
 DEFAULT_TIMEOUT = 60.0
@@ -69,7 +69,8 @@ def _run(exe: str, command: str, env: Mapping[str, str], stdin: bytes, timeout: 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            raise CniError(DELEGATE, details=f"{exe} {command} timed out after {timeout:g}s") from None
+            # a plugin that does not finish in time on a loaded node: the runtime should try again later
+            raise CniError(TRY_AGAIN_LATER, details=f"{exe} {command} timed out after {timeout:g}s") from None
     return proc.returncode, out, err
 
 
@@ -88,7 +89,7 @@ def exec_plugin(
     out = stdout.strip()
     if returncode != 0:
         try:
-            data = json.loads(out) if out else None
+            data = strictjson.loads(out) if out else None
         except ValueError:
             data = None
         if isinstance(data, dict) and isinstance(data.get("code"), int):
@@ -98,7 +99,7 @@ def exec_plugin(
     if not out:
         return None
     try:
-        data = json.loads(out)
+        data = strictjson.loads(out)
     except ValueError as e:
         raise CniError(DELEGATE, details=f"{exe} {command} printed something that is not JSON: {e}") from None
     if not isinstance(data, dict):

@@ -8,7 +8,7 @@ lease not in ``cni.dev/valid-attachments``; STATUS reports whether an address ca
 
 from __future__ import annotations
 
-from cni.errors import INVALID_NETWORK_CONFIG, CniError
+from cni.errors import UNKNOWN_CONTAINER, CniError
 from cni.ipam import service
 from cni.ipam.service import StoreOpener
 from cni.netconf import IpamPluginConf
@@ -33,8 +33,8 @@ def check(req: Request, conf: IpamPluginConf, opener: StoreOpener | None = None)
         ips = tuple(service.leased(conf.name, conf.ipam_conf, req.container_id, req.ifname, opener))
         if not ips:
             raise CniError(
-                INVALID_NETWORK_CONFIG,
-                details=f"no address is leased to container {req.container_id} ifname {req.ifname}",
+                UNKNOWN_CONTAINER,
+                details=f"container {req.container_id} ifname {req.ifname} holds no address here (deleted?)",
             )
     service.check(conf.name, conf.ipam_conf, req.container_id, req.ifname, ips, opener)
 

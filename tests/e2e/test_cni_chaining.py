@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
@@ -106,7 +105,9 @@ def leases(data_dir: Path, network: str) -> list[tuple[str, str]]:
         return sorted(c.execute("SELECT container_id, ip FROM leases").fetchall())
 
 
-def test_conflist_with_portmap_tuning_bandwidth(runtime: Runtime, netns: Callable[[], str], tmp_path: Path) -> None:
+def test_conflist_with_portmap_tuning_bandwidth(
+    sh: Callable[..., str], runtime: Runtime, netns: Callable[[], str], tmp_path: Path
+) -> None:
     netlist = {
         "cniVersion": "1.0.0",
         "name": "chainnet",
@@ -165,7 +166,7 @@ def test_conflist_with_portmap_tuning_bandwidth(runtime: Runtime, netns: Callabl
 
 
 def test_reference_bridge_delegates_ipam_to_nodeplug(
-    runtime: Runtime, netns: Callable[[], str], tmp_path: Path
+    sh: Callable[..., str], runtime: Runtime, netns: Callable[[], str], tmp_path: Path
 ) -> None:
     netlist = {
         "cniVersion": "1.0.0",

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
@@ -125,7 +124,7 @@ def leases(tmp: Path) -> list[tuple[str, str]]:
 
 
 def test_thick_mode_add_check_del_through_the_agent(
-    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
 ) -> None:
     agent.start()
     conf = netconf(tmp_path, agent.sock)
@@ -159,7 +158,7 @@ def test_thick_mode_add_imports_no_netlink_in_the_entry_point(
 
 
 def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
-    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
 ) -> None:
     agent.start()
     conf = netconf(tmp_path, agent.sock)

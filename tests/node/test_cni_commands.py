@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 import cni.dataplane
 from cni import commands, skel
@@ -33,8 +32,9 @@ REF = "/usr/lib/cni"
 class Node:
     """A test netns playing the node; :meth:`cni` runs one CNI invocation on a thread inside it."""
 
-    def __init__(self, name: str, data_dir: Path) -> None:
+    def __init__(self, name: str, data_dir: Path, sh: Callable[..., str]) -> None:
         self.name, self.data_dir = name, data_dir
+        self.sh = sh  # tests/conftest.py's: run a set-up command, raise with its stderr
         self.path = f"/run/netns/{name}"
         self.opened: list[SqliteStore] = []
 
@@ -91,12 +91,15 @@ class Node:
             store.close()
 
     def links(self) -> list[str]:
-        return [x["ifname"] for x in json.loads(sh("ip", "-n", self.name, "-j", "link", "show") or "[]")]
+        return [x["ifname"] for x in json.loads(self.sh("ip", "-n", self.name, "-j", "link", "show") or "[]")]
+
+    def ping(self, ns: str, addr: str) -> None:
+        self.sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
 
 
 @pytest.fixture
-def node(netns: Callable[[], str], tmp_path: Path) -> Iterator[Node]:
-    n = Node(netns(), tmp_path / "ipam")
+def node(netns: Callable[[], str], tmp_path: Path, sh: Callable[..., str]) -> Iterator[Node]:
+    n = Node(netns(), tmp_path / "ipam", sh)
     yield n
     for s in n.opened:
         s.close()
@@ -107,10 +110,6 @@ def pod(netns: Callable[[], str]) -> Callable[[], str]:
     return lambda: f"/run/netns/{netns()}"
 
 
-def ping(ns: str, addr: str) -> None:
-    sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
-
-
 def test_add_check_del_dual_stack(node: Node, pod: Callable[[], str]) -> None:
     ns = pod()
     code, res = node.cni("ADD", node.conf(), netns=ns)
@@ -118,8 +117,8 @@ def test_add_check_del_dual_stack(node: Node, pod: Callable[[], str]) -> None:
     assert [ip["address"] for ip in res["ips"]] == ["10.88.0.2/24", "fd88::2/64"]
     assert res["interfaces"][2]["sandbox"] == ns and res["interfaces"][0]["name"] == "npc0"
     assert {"dst": "0.0.0.0/0", "gw": "10.88.0.1"} in res["routes"]
-    ping(ns, "10.88.0.1")
-    ping(ns, "fd88::1")
+    node.ping(ns, "10.88.0.1")
+    node.ping(ns, "fd88::1")
     assert node.cni("CHECK", node.conf(prevResult=res), netns=ns) == (0, None)
     assert node.cni("DEL", node.conf(prevResult=res), netns=ns) == (0, None)
     assert node.leases() == []
@@ -143,7 +142,7 @@ def test_del_without_netns_frees_the_lease_and_the_host_veth(node: Node, pod: Ca
     code, res = node.cni("ADD", node.conf(), netns=ns)
     assert code == 0
     host_veth = res["interfaces"][1]["name"]
-    sh("ip", "netns", "delete", os.path.basename(ns))  # the runtime lost the sandbox
+    node.sh("ip", "netns", "delete", os.path.basename(ns))  # the runtime lost the sandbox
     assert node.cni("DEL", node.conf(), netns="") == (0, None)
     assert node.leases() == []
     assert host_veth not in node.links()
@@ -151,7 +150,7 @@ def test_del_without_netns_frees_the_lease_and_the_host_veth(node: Node, pod: Ca
 
 def test_failed_add_leaves_no_lease_no_veth(node: Node, pod: Callable[[], str]) -> None:
     ns = pod()
-    sh(
+    node.sh(
         "ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "taken0"
     )  # the ifname is taken in the pod
     before = set(node.links())
@@ -212,7 +211,7 @@ def test_delegation_to_host_local(node: Node, pod: Callable[[], str]) -> None:
     assert code == 0, res
     assert res["ips"] == [{"address": "10.90.0.2/24", "gateway": "10.90.0.1", "interface": 2}]
     assert (hl_dir / "nodenet" / "10.90.0.2").read_text().startswith("c1")
-    ping(ns, "10.90.0.1")
+    node.ping(ns, "10.90.0.1")
     assert node.cni("CHECK", {**conf, "prevResult": res}, netns=ns) == (0, None)
     assert node.cni("DEL", {**conf, "prevResult": res}, netns=ns) == (0, None)
     assert not (hl_dir / "nodenet" / "10.90.0.2").exists()
@@ -232,7 +231,7 @@ def test_failed_add_with_delegated_ipam_releases_its_address(node: Node, pod: Ca
     conf = node.conf(ipam={"type": "host-local", "subnet": "10.91.0.0/24", "dataDir": str(hl_dir)})
     conf["cniVersion"] = "1.0.0"
     ns = pod()
-    sh("ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "taken0")
+    node.sh("ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "taken0")
     code, _ = node.cni("ADD", conf, netns=ns)
     assert code == 1
     assert not (hl_dir / "nodenet" / "10.91.0.2").exists()

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from cni import dataplane
-from cni.dataplane import names
+from cni.dataplane import masq, names
 from cni.dataplane.netns import entered
 from cni.errors import DATAPLANE, CniError
 from cni.netconf import BridgeConf
@@ -31,14 +30,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates n
 T = TypeVar("T")
 BR = "npbr0"
 GW4, GW6 = "10.77.0.1", "fd77::1"
+FORWARDING6 = "net.ipv6.conf.all.forwarding"
 
 
 class Host:
     """A test netns playing the node: :meth:`call` runs a function on a thread inside it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, sh: Callable[..., str]) -> None:
         self.name = name
         self.path = f"/run/netns/{name}"
+        self.sh = sh  # tests/conftest.py's: run a set-up command, raise with its stderr
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         def inside() -> T:
@@ -57,7 +58,17 @@ class Host:
             return ex.submit(inside).result()
 
     def ip(self, *args: str) -> Any:
-        return json.loads(sh("ip", "-n", self.name, "-j", *args) or "[]")
+        return json.loads(self.sh("ip", "-n", self.name, "-j", *args) or "[]")
+
+    def pod_ip(self, ns: str, *args: str) -> Any:
+        return json.loads(self.sh("ip", "-n", os.path.basename(ns), "-j", *args) or "[]")
+
+    def pod_addrs(self, ns: str, ifname: str = "eth0") -> dict[str, dict[str, Any]]:
+        out = self.pod_ip(ns, "addr", "show", "dev", ifname)
+        return {f"{a['local']}/{a['prefixlen']}": a for a in out[0]["addr_info"]} if out else {}
+
+    def ping(self, ns: str, addr: str) -> None:
+        self.sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
 
     def link(self, name: str) -> dict[str, Any] | None:
         out = subprocess.run(["ip", "-n", self.name, "-j", "-d", "link", "show", name], capture_output=True, text=True)
@@ -75,8 +86,8 @@ class Host:
 
 
 @pytest.fixture
-def host(netns: Callable[[], str]) -> Host:
-    return Host(netns())
+def host(netns: Callable[[], str], sh: Callable[..., str]) -> Host:
+    return Host(netns(), sh)
 
 
 @pytest.fixture
@@ -104,19 +115,6 @@ def default_routes(*ips: IPConfig) -> list[Route]:
     return [Route(ipaddress.ip_network("::/0" if ip.version == 6 else "0.0.0.0/0"), ip.gateway) for ip in ips]
 
 
-def pod_ip(ns: str, *args: str) -> Any:
-    return json.loads(sh("ip", "-n", os.path.basename(ns), "-j", *args) or "[]")
-
-
-def pod_addrs(ns: str, ifname: str = "eth0") -> dict[str, dict[str, Any]]:
-    out = pod_ip(ns, "addr", "show", "dev", ifname)
-    return {f"{a['local']}/{a['prefixlen']}": a for a in out[0]["addr_info"]} if out else {}
-
-
-def ping(ns: str, addr: str) -> None:
-    sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
-
-
 def add(
     host: Host, c: BridgeConf, ns: str, cid: str = "c1", ifname: str = "eth0", ips: Any = None, routes: Any = None
 ) -> list[Interface]:
@@ -142,15 +140,15 @@ def test_add_builds_bridge_veth_addresses_routes_and_reaches_the_gateway(host: H
 
     port = host.link(hv.name)
     assert port is not None and port["master"] == BR and port["mtu"] == 1400 and "UP" in port["flags"]
-    assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1"
+    assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1 +nomasq"
 
-    link = pod_ip(ns, "link", "show", "eth0")[0]
+    link = host.pod_ip(ns, "link", "show", "eth0")[0]
     assert link["address"] == ctr.mac and link["mtu"] == 1400 and "UP" in link["flags"]
-    assert "10.77.0.5/24" in pod_addrs(ns)
-    assert "UP" in pod_ip(ns, "link", "show", "lo")[0]["flags"]
-    routes = pod_ip(ns, "route", "show", "default")
+    assert "10.77.0.5/24" in host.pod_addrs(ns)
+    assert "UP" in host.pod_ip(ns, "link", "show", "lo")[0]["flags"]
+    routes = host.pod_ip(ns, "route", "show", "default")
     assert [(r["gateway"], r["dev"]) for r in routes] == [(GW4, "eth0")]
-    ping(ns, GW4)
+    host.ping(ns, GW4)
 
 
 def _root_sysctls() -> list[str]:
@@ -168,18 +166,21 @@ def test_dual_stack_addresses_are_usable_at_once(host: Host, pod: Callable[[], s
     root_before = _root_sysctls()
     add(host, conf(), ns, ips=ips)
     assert _root_sysctls() == root_before  # /proc/sys/net follows the writing thread's netns, not the process's
-    addrs = pod_addrs(ns)
+    addrs = host.pod_addrs(ns)
     assert "fd77::5/64" in addrs and "10.77.0.5/24" in addrs
     assert not any(a.get("tentative") for a in addrs.values()), addrs
     assert (
-        sh("ip", "netns", "exec", os.path.basename(ns), "sysctl", "-n", "net.ipv6.conf.eth0.accept_dad").strip() == "0"
+        host.sh("ip", "netns", "exec", os.path.basename(ns), "sysctl", "-n", "net.ipv6.conf.eth0.accept_dad").strip()
+        == "0"
     )
     bridge6 = {a["local"] for a in host.ip("-6", "addr", "show", "dev", BR)[0]["addr_info"]}
     assert GW6 in bridge6
-    assert pod_ip(ns, "-6", "route", "show", "default")[0]["gateway"] == GW6
-    ping(ns, GW6)
-    ping(ns, GW4)
-    fwd = sh("ip", "netns", "exec", host.name, "sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding")
+    assert host.pod_ip(ns, "-6", "route", "show", "default")[0]["gateway"] == GW6
+    host.ping(ns, GW6)
+    host.ping(ns, GW4)
+    fwd = host.sh(
+        "ip", "netns", "exec", host.name, "sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"
+    )
     assert fwd.split() == ["1", "1"]
 
 
@@ -198,7 +199,7 @@ def test_link_routes_and_route_attributes(host: Host, pod: Callable[[], str]) ->
         Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address(GW4), priority=50),
     ]
     add(host, conf(), ns, routes=routes)
-    by_dst = {r["dst"]: r for r in pod_ip(ns, "-d", "route", "show")}
+    by_dst = {r["dst"]: r for r in host.pod_ip(ns, "-d", "route", "show")}
     assert by_dst["10.99.0.0/16"]["gateway"] == GW4 and by_dst["10.99.0.0/16"]["metrics"] == [{"mtu": 1300}]
     assert by_dst["10.98.0.0/16"]["scope"] == "link" and "gateway" not in by_dst["10.98.0.0/16"]
     assert by_dst["default"]["metric"] == 50
@@ -208,7 +209,7 @@ def test_two_pods_share_the_bridge_and_talk(host: Host, pod: Callable[[], str]) 
     a, b = pod(), pod()
     add(host, conf(), a, cid="ca")
     add(host, conf(), b, cid="cb", ips=[v4("10.77.0.6/24")])
-    ping(a, "10.77.0.6")
+    host.ping(a, "10.77.0.6")
     ports = [link["ifname"] for link in host.ip("link", "show", "master", BR)]
     assert sorted(ports) == sorted([names.host_veth_name("ca", "eth0"), names.host_veth_name("cb", "eth0")])
 
@@ -226,7 +227,7 @@ def test_gateway_conflict_and_force_address(host: Host, pod: Callable[[], str]) 
 
 
 def test_not_a_bridge_is_refused(host: Host, pod: Callable[[], str]) -> None:
-    sh("ip", "-n", host.name, "link", "add", BR, "type", "veth", "peer", "name", "npbr0peer")
+    host.sh("ip", "-n", host.name, "link", "add", BR, "type", "veth", "peer", "name", "npbr0peer")
     with pytest.raises(CniError, match="exists but is a veth device"):
         add(host, conf(), pod())
     with pytest.raises(CniError) as e:
@@ -244,13 +245,13 @@ def test_masquerade_rules_added_and_removed_on_del(host: Host, pod: Callable[[],
     rules = host.nft_rules()
     assert len(rules) == 2
     assert {r["comment"] for r in rules} == {f"nodeplug {hv.name} nptest c1"}
-    text = sh("ip", "netns", "exec", host.name, "nft", "list", "table", "inet", "nodeplug")
+    text = host.sh("ip", "netns", "exec", host.name, "nft", "list", "table", "inet", "nodeplug")
     assert "ip saddr 10.77.0.5 ip daddr != 10.77.0.0/24 ip daddr != 224.0.0.0/4 masquerade" in text
     assert "ip6 saddr fd77::5 ip6 daddr != fd77::/64 ip6 daddr != ff00::/8 masquerade" in text
     host.call(dataplane.delete, c, "c1", ns, "eth0", [v4(), v6()])
     assert host.nft_rules() == []
     assert host.link(hv.name) is None
-    assert pod_ip(ns, "link", "show") and not [x for x in pod_ip(ns, "link", "show") if x["ifname"] == "eth0"]
+    assert host.pod_ip(ns, "link", "show") and not [x for x in host.pod_ip(ns, "link", "show") if x["ifname"] == "eth0"]
 
 
 def test_del_twice_and_without_netns(host: Host, pod: Callable[[], str]) -> None:
@@ -268,7 +269,7 @@ def test_del_after_the_netns_is_gone(host: Host, pod: Callable[[], str]) -> None
     ns = pod()
     c = conf(ip_masq=True)
     _, hv, _ = add(host, c, ns)
-    sh("ip", "netns", "delete", os.path.basename(ns))
+    host.sh("ip", "netns", "delete", os.path.basename(ns))
     host.call(dataplane.delete, c, "c1", ns, "eth0", [v4()])
     assert host.link(hv.name) is None and host.nft_rules() == []
 
@@ -287,9 +288,44 @@ def test_del_leaves_another_network_rules_alone(host: Host, pod: Callable[[], st
     assert [r["comment"].split()[2] for r in host.nft_rules()] == ["other"]
 
 
+def test_del_without_ipmasq_runs_no_nft(host: Host, pod: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (issue 11, CNI 8): every DEL listed the nft chain, so 400 DELs at once timed out in nft."""
+    ran: list[list[str]] = []
+    real = masq._nft
+    monkeypatch.setattr(masq, "_nft", lambda args, script=None: ran.append(list(args)) or real(args, script))
+    add(host, conf(), pod())
+    host.call(dataplane.delete, conf(), "c1", None, "eth0", [])
+    host.call(dataplane.delete, conf(), "never-added", None, "eth0", [])
+    assert ran == [] and host.link(names.host_veth_name("c1", "eth0")) is None
+
+
+def test_an_nft_timeout_is_try_again_later_and_undone(
+    host: Host, pod: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 11, CNI 8): nft timing out under load was code 101; it is transient: code 11."""
+    monkeypatch.setattr(masq, "NFT_TIMEOUT", 0.000001)
+    ns = pod()
+    with pytest.raises(CniError) as e:
+        add(host, conf(ip_masq=True), ns)
+    assert e.value.code == 11 and "timed out" in e.value.details
+    monkeypatch.undo()
+    _nothing_left(host, ns)
+
+
+@pytest.mark.parametrize("length", [233, 234, 300, 1000])
+def test_long_container_ids(host: Host, pod: Callable[[], str], length: int) -> None:
+    """Regression (issue 11, CNI 7): a container id of 234 characters or more overflowed the host veth's alias."""
+    ns, cid = pod(), "c" * (length - 1) + "1"
+    _, hv, _ = add(host, conf(ip_masq=True), ns, cid=cid)
+    alias = host.link(hv.name)["ifalias"]  # type: ignore[index]
+    assert alias.startswith("nodeplug nptest eth0 ") and alias.endswith(" +masq") and len(alias.encode()) <= 254
+    host.call(dataplane.delete, conf(ip_masq=True), cid, None, "eth0", [])
+    _nothing_left(host, ns, cid)
+
+
 def _nothing_left(host: Host, ns: str, cid: str = "c1") -> None:
     assert host.link(names.host_veth_name(cid, "eth0")) is None
-    assert [x["ifname"] for x in pod_ip(ns, "link", "show")] == ["lo"]
+    assert [x["ifname"] for x in host.pod_ip(ns, "link", "show")] == ["lo"]
     assert host.nft_rules() == []
 
 
@@ -304,11 +340,11 @@ def test_rollback_when_an_address_cannot_be_added(host: Host, pod: Callable[[], 
 
 def test_rollback_when_ifname_exists_in_the_netns(host: Host, pod: Callable[[], str]) -> None:
     ns = pod()
-    sh("ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "podown0")
+    host.sh("ip", "-n", os.path.basename(ns), "link", "add", "eth0", "type", "veth", "peer", "name", "podown0")
     with pytest.raises(CniError, match="interface eth0 already exists in the network namespace"):
         add(host, conf(ip_masq=True), ns)
     assert host.link(names.host_veth_name("c1", "eth0")) is None and host.nft_rules() == []
-    assert sorted(x["ifname"] for x in pod_ip(ns, "link", "show")) == ["eth0", "lo", "podown0"]  # the pod's own
+    assert sorted(x["ifname"] for x in host.pod_ip(ns, "link", "show")) == ["eth0", "lo", "podown0"]  # the pod's own
 
 
 def test_rollback_when_a_route_fails_removes_the_rule_too(host: Host, pod: Callable[[], str]) -> None:
@@ -328,7 +364,7 @@ def test_vlan(host: Host, pod: Callable[[], str]) -> None:
         assert "CONFIG_BRIDGE_VLAN_FILTERING" in e.details
         _nothing_left(host, ns)
         return
-    vlans = json.loads(sh("bridge", "-n", host.name, "-j", "vlan", "show", "dev", hv.name))
+    vlans = json.loads(host.sh("bridge", "-n", host.name, "-j", "vlan", "show", "dev", hv.name))
     assert [v["vlan"] for v in vlans[0]["vlans"]] == [100]
 
 
@@ -337,11 +373,17 @@ def test_bad_netns(host: Host, tmp_path: Path) -> None:
         add(host, conf(), "/run/netns/does-not-exist")
     assert e.value.code == 4 and "does-not-exist" in e.value.details
     (tmp_path / "plain").write_text("")
-    with pytest.raises(CniError, match="not a network namespace file") as e:
-        add(host, conf(), str(tmp_path / "plain"))
-    assert e.value.code == 4
-    with pytest.raises(CniError, match="host's own network namespace"):
-        add(host, conf(), host.path)
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "plain", tmp_path / "fifo", Path("/dev/null"), tmp_path):
+        for check in (dataplane.check_netns, lambda p: add(host, conf(), p)):
+            with pytest.raises(CniError, match="not a network namespace file") as e:
+                host.call(check, str(path))
+            assert e.value.code == 4
+    with pytest.raises(CniError, match="not a network namespace") as e:
+        host.call(dataplane.check_netns, "/proc/self/ns/uts")
+    for check in (dataplane.check_netns, lambda p: add(host, conf(), p)):
+        with pytest.raises(CniError, match="host's own network namespace"):
+            host.call(check, host.path)
 
 
 # ---------------------------------------------------------------- CHECK, GC, STATUS
@@ -359,18 +401,33 @@ def test_check_passes_then_detects_a_removed_address_and_route(host: Host, pod: 
     host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
     with pytest.raises(CniError, match="MTU is 1400, the network config says 1500"):
         host.call(dataplane.check, conf(mtu=1500), "c1", ns, "eth0", prev)
-    sh("ip", "-n", os.path.basename(ns), "route", "del", "default")
+    host.sh("ip", "-n", os.path.basename(ns), "route", "del", "default")
     with pytest.raises(CniError, match=re.escape("route 0.0.0.0/0 via 10.77.0.1 is missing")):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
-    sh("ip", "-n", os.path.basename(ns), "addr", "del", "fd77::5/64", "dev", "eth0")
+    host.sh("ip", "-n", os.path.basename(ns), "addr", "del", "fd77::5/64", "dev", "eth0")
     with pytest.raises(CniError, match="address fd77::5/64 is missing"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
     bad_mac = prev._replace(interfaces=(*prev.interfaces[:2], prev.interfaces[2]._replace(mac="02:00:00:00:00:01")))
     with pytest.raises(CniError, match="MAC is"):
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", bad_mac)
     host.call(dataplane.delete, conf(), "c1", ns, "eth0", ips)
-    with pytest.raises(CniError, match=r"host interface veth[0-9a-f]{8} of eth0 is missing"):
+    with pytest.raises(CniError, match=r"not attached \(no host interface veth[0-9a-f]{8}\)") as gone:
         host.call(dataplane.check, conf(mtu=1400), "c1", ns, "eth0", prev)
+    assert gone.value.code == 3  # CHECK after DEL: nothing of the attachment is left
+
+
+def test_check_verifies_the_masquerade_rules(host: Host, pod: Callable[[], str]) -> None:
+    """Regression (issue 11, CNI 10): CHECK did not look at the ipMasq rules."""
+    ns, ips = pod(), [v4(), v6()]
+    c = conf(ip_masq=True)
+    prev = _result(add(host, c, ns, ips=ips), ips, default_routes(*ips))
+    host.call(dataplane.check, c, "c1", ns, "eth0", prev)
+    (v6_rule,) = [r for r in host.nft_rules() if "ip6" in json.dumps(r["expr"])]
+    host.sh("ip", "netns", "exec", host.name, "nft", "delete", "rule", "inet", "nodeplug", "postrouting", "handle",
+       str(v6_rule["handle"]))  # fmt: skip
+    with pytest.raises(CniError, match="ipMasq: no masquerade rule for fd77::5") as e:
+        host.call(dataplane.check, c, "c1", ns, "eth0", prev)
+    assert e.value.code == 101
 
 
 def test_gc_removes_stale_veths_and_rules_only(host: Host, pod: Callable[[], str]) -> None:
@@ -379,10 +436,10 @@ def test_gc_removes_stale_veths_and_rules_only(host: Host, pod: Callable[[], str
     stale_ns = pod()
     add(host, c, stale_ns, cid="stale", ips=[v4("10.77.0.6/24")])
     add(host, conf(name="other", ip_masq=True), pod(), cid="foreign", ips=[v4("10.77.0.7/24")])
-    sh("ip", "-n", host.name, "link", "add", "vethnotours", "type", "veth", "peer", "name", "vethnotours1")
+    host.sh("ip", "-n", host.name, "link", "add", "vethnotours", "type", "veth", "peer", "name", "vethnotours1")
     host.call(dataplane.gc, c, [("keep", "eth0")])
     assert host.link(names.host_veth_name("stale", "eth0")) is None
-    assert [x["ifname"] for x in pod_ip(stale_ns, "link", "show")] == ["lo"]
+    assert [x["ifname"] for x in host.pod_ip(stale_ns, "link", "show")] == ["lo"]
     for cid in ("keep", "foreign"):
         assert host.link(names.host_veth_name(cid, "eth0")) is not None
     assert host.link("vethnotours") is not None
@@ -413,4 +470,4 @@ def test_concurrent_adds_on_a_new_bridge(host: Host, pod: Callable[[], str]) -> 
         os.close(fd)
     assert len({r[1].name for r in results}) == 8 and len(host.nft_rules()) == 8
     for i in range(8):
-        ping(pods[i], GW4)
+        host.ping(pods[i], GW4)

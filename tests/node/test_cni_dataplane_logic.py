@@ -35,9 +35,13 @@ def test_names_never_change_across_versions() -> None:
 
 
 def test_alias_and_rule_comment_carry_network_and_attachment() -> None:
-    assert names.alias("net1", "cid", "eth0") == "nodeplug net1 eth0 cid"
-    assert names.alias("net1", "cid", "eth0").startswith(names.alias_network_prefix("net1"))
-    assert not names.alias("net10", "cid", "eth0").startswith(names.alias_network_prefix("net1"))
+    assert names.alias("net1", "cid", "eth0", False) == "nodeplug net1 eth0 cid +nomasq"
+    assert names.alias("net1", "cid", "eth0", True) == "nodeplug net1 eth0 cid +masq"
+    assert names.alias("net1", "cid", "eth0", True).startswith(names.alias_network_prefix("net1"))
+    assert not names.alias("net10", "cid", "eth0", True).startswith(names.alias_network_prefix("net1"))
+    assert names.alias_masq("nodeplug net1 eth0 cid +masq") is True
+    assert names.alias_masq("nodeplug net1 eth0 cid +nomasq") is False
+    assert names.alias_masq("nodeplug net1 eth0 cid") is None  # made by an earlier release: it did not say
     comment = names.rule_comment("net1", "veth01234567", "cid")
     assert comment == "nodeplug veth01234567 net1 cid"
     assert names.parse_rule_comment(comment) == ("veth01234567", "net1")
@@ -50,7 +54,10 @@ def test_long_names_are_hashed_and_comments_fit_nft() -> None:
     assert key.startswith("#") and len(key) == 13 and key == names.netkey(long_net)
     comment = names.rule_comment(long_net, "veth01234567", "c" * 200)
     assert len(comment) <= 127 and names.parse_rule_comment(comment) == ("veth01234567", key)
-    assert len(names.alias(long_net, "c" * 400, "eth0")) <= 255
+    for cid in ("c" * 400, "c" * 233, "c" * 234, "d" * 234):
+        text = names.alias(long_net, cid, "ethé12345678", True)
+        assert len(text.encode()) <= 254 and text.endswith(" +masq")
+    assert names.alias("n", "c" * 400, "eth0", True) != names.alias("n", "c" * 399 + "d", "eth0", True)
 
 
 def test_rule_comment_cannot_break_out_of_nft_quotes() -> None:

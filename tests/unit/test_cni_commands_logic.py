@@ -29,8 +29,14 @@ class FakeDataplane:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.fail_add: CniError | None = None
+        self.fail_netns: CniError | None = None
         self.fail_check: CniError | None = None
         self.fail_status: CniError | None = None
+
+    def check_netns(self, netns: str) -> None:
+        self.calls.append(("check_netns", netns))
+        if self.fail_netns:
+            raise self.fail_netns
 
     def add(
         self, conf: BridgeConf, cid: str, netns: str, ifname: str, ips: Sequence[IPConfig], routes: Sequence[Route]
@@ -96,7 +102,8 @@ def test_add_leases_builds_and_reports(dp: FakeDataplane, store: MemoryStore) ->
     ]
     assert out["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.30.0.1"}, {"dst": "::/0", "gw": "fd30::1"}]
     assert out["interfaces"][2] == {"name": "eth0", "mac": "02:00:00:00:00:02", "sandbox": "/run/netns/p"}
-    _, cid, netns, ifname, ips, routes = dp.calls[0]
+    assert dp.calls[0] == ("check_netns", "/run/netns/p")  # first, before anything is leased
+    _, cid, netns, ifname, ips, routes = dp.calls[1]
     assert (cid, netns, ifname) == ("c1", "/run/netns/p", "eth0")
     assert all(ip.interface is None for ip in ips) and len(routes) == 2
     assert len(store.leases) == 2
@@ -138,8 +145,48 @@ def test_check(dp: FakeDataplane, store: MemoryStore) -> None:
     assert dp.calls[-1][0] == "check" and isinstance(dp.calls[-1][4], Result)
     code, out = call(dp, store, "CHECK", CONF)
     assert code == 1 and "prevResult" in out["details"]
-    code, out = call(dp, store, "CHECK", {**CONF, "prevResult": added}, cid="other")
-    assert code == 1 and "not leased" in out["details"]
+    code, out = call(dp, store, "CHECK", {**CONF, "prevResult": {**added, "ips": [{"address": "10.30.0.6/29"}]}})
+    assert code == 1 and out["code"] == 7 and "not leased" in out["details"]
+
+
+def test_a_bad_netns_leases_nothing(dp: FakeDataplane, store: MemoryStore) -> None:
+    dp.fail_netns = CniError(4, details="CNI_NETNS /tmp/fifo: not a network namespace file")
+    code, out = call(dp, store, "ADD", netns="/tmp/fifo")
+    assert code == 1 and out["code"] == 4 and store.leases == {}
+    assert [c[0] for c in dp.calls] == ["check_netns"]
+
+
+@pytest.mark.parametrize(
+    ("prev", "needle"),
+    [
+        ({"interfaces": [{"name": "eth0"}], "ips": [{"address": "10.30.0.2/29"}]}, "no interface eth0 with a sandbox"),
+        ({"interfaces": [{"name": "eth1", "sandbox": "/run/netns/p"}]}, "no interface eth0"),
+        ({"ips": [{"address": "10.30.0.2/29", "interface": 4}]}, "prevResult.ips[0].interface"),
+        ({"interfaces": "eth0"}, "prevResult.interfaces"),
+        ([], "prevResult"),
+    ],
+)
+def test_check_with_a_malformed_prev_result_is_a_config_error(
+    dp: FakeDataplane, store: MemoryStore, prev: Any, needle: str
+) -> None:
+    call(dp, store, "ADD")
+    code, out = call(dp, store, "CHECK", {**CONF, "prevResult": prev})
+    assert code == 1 and out["code"] == 7 and needle in out["details"], out
+    assert dp.calls[-1][0] == "add"  # the dataplane was not asked
+
+
+def test_check_after_del_is_unknown_container(dp: FakeDataplane, store: MemoryStore) -> None:
+    _, added = call(dp, store, "ADD")
+    assert call(dp, store, "DEL")[0] == 0
+    code, out = call(dp, store, "CHECK", {**CONF, "prevResult": added})
+    assert code == 1 and out["code"] == 3 and "holds no address" in out["details"]  # nothing to clean up
+
+
+def test_check_of_an_attachment_the_host_lost_is_a_failed_check(dp: FakeDataplane, store: MemoryStore) -> None:
+    _, added = call(dp, store, "ADD")
+    dp.fail_check = CniError(3, details="container c1 ifname eth0 is not attached (no host interface veth1)")
+    code, out = call(dp, store, "CHECK", {**CONF, "prevResult": added})
+    assert code == 1 and out["code"] == 101 and "no host interface" in out["details"]  # its lease still needs a DEL
 
 
 def test_gc_releases_all_but_the_valid(dp: FakeDataplane, store: MemoryStore) -> None:

@@ -271,3 +271,19 @@ print(json.dumps([heavy, count, IPRoute.__name__, config.__name__, bool(pyroute2
     assert heavy == [], f"importing the dataplane pulled in {heavy}"
     assert count < 60, f"{count} pyroute2 modules imported for three message classes"
     assert (iproute, config, version) == ("IPRoute", "pyroute2.config", True)
+
+
+def test_a_kernel_that_does_not_answer_in_time_is_try_again_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every netlink step has a deadline (issue 11, CNI 5); running out of it is transient (code 11), not a fault."""
+    from cni.dataplane import rtnl
+
+    monkeypatch.setattr(rtnl, "TIMEOUT", 0.05)
+    sock = rtnl.Rtnl()
+    try:
+        with pytest.raises(rtnl.NetlinkError) as e:
+            sock._recv()  # nothing was asked: nothing comes
+    finally:
+        sock.close()
+    assert e.value.code == errno.ETIMEDOUT
+    err = nl.nl_error("get link eth0", e.value)
+    assert err.code == 11 and err.details == "get link eth0: no answer from the kernel within 0.05s"

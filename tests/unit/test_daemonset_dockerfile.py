@@ -153,7 +153,7 @@ def test_the_command_exists_in_the_cli(dockerfile: tuple[dict[str, str], list[St
 def test_the_build_context_keeps_the_sources_and_nothing_else() -> None:
     patterns = [ln.strip() for ln in IGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert not _ignored("nodeplug/cli.py", patterns)
-    assert not _ignored("daemonset/bundle/launcher.c", patterns)
+    assert not _ignored("cni/launcher/launcher.c", patterns)
     assert _ignored(".venv/bin/python", patterns)
     assert _ignored("tests/conftest.py", patterns)
     assert _ignored("nodeplug/__pycache__/cli.cpython-311.pyc", patterns)
