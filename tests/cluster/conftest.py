@@ -7,7 +7,8 @@ which runs even when a test fails. Each test works in a namespace of its own, de
 the reason, where the binaries or the tools are absent or when not root.
 
 To reproduce a failure by hand: ``scripts/cluster-up /tmp/c``, then ``KUBECONFIG=/tmp/c/kubeconfig`` and the
-kubectl in ``/tmp/c/state.json`` (``"kubectl"``); the daemons' logs are in ``/tmp/c/logs``.
+kubectl in ``/tmp/c/state.json`` (``"kubectl"``); the daemons' logs are in ``/tmp/c/logs``. With
+``NODEPLUG_TEST_CLUSTER=/tmp/c`` the tier runs on that cluster and leaves it running.
 """
 
 from __future__ import annotations
@@ -139,6 +140,9 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if reason := skip_reason():
         pytest.skip(reason)
+    if existing := os.environ.get("NODEPLUG_TEST_CLUSTER"):  # a cluster made by hand with scripts/cluster-up DIR
+        yield Cluster(Path(existing), Path(existing) / "kubeconfig")
+        return
     d = tmp_path_factory.mktemp("cluster")
     started = time.monotonic()
     p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=1800, check=False)
