@@ -70,6 +70,7 @@ class Cluster:
         self.kubectl_bin = state["kubectl"]
         self.node = state["node"]
         self.cni_conf_dir = Path(state["cni_conf_dir"])
+        self.netns = state["netns"]
         self.overlay = OVERLAY
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
@@ -155,6 +156,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         q = subprocess.run([str(CLUSTER_DOWN), str(d)], capture_output=True, text=True, timeout=600, check=False)
         assert q.returncode == 0, f"scripts/cluster-down failed ({q.returncode}):\n{q.stderr}"
+        # Besides what the session's leak check compares (mounts, network namespaces, links, loop devices): the
+        # cgroups (removable only once no process is left in them) and the node's directories.
+        left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
+            "*/nodeplug-cluster"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
+        assert not left, f"scripts/cluster-down left {left}"
 
 
 @pytest.fixture
