@@ -285,6 +285,8 @@ def kubelet_config(state: State, pki: Pki) -> Path:
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
+        # Online volume expansion happens when kubelet next syncs the pod: every 10 s here, not every minute.
+        "syncFrequency": "10s",
         "volumePluginDir": str(state.dir / "volume-plugins"),
         "podLogsDir": "/var/log/pods",
         "rotateCertificates": False,

@@ -173,8 +173,9 @@ def diagnose(state: State) -> None:
 def _up(state: State) -> Path:
     log(f"unpacking binaries from {KUBE_ASSETS}")
     bins = assets.all_binaries()
-    state.data["bin"] = str(bins["kubectl"].parent)
     state.data["kubectl"] = str(bins["kubectl"])
+    state.data["crictl"] = str(bins["crictl"])
+    state.data["containerd_socket"] = str(RUN / "containerd.sock")
     state.save()
     archives = images.all_images()
 

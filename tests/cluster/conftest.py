@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,6 +72,8 @@ class Cluster:
         self.node = state["node"]
         self.cni_conf_dir = Path(state["cni_conf_dir"])
         self.netns = state["netns"]
+        self.crictl = state["crictl"]
+        self.containerd_socket = state["containerd_socket"]
         self.overlay = OVERLAY
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
@@ -138,13 +141,15 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if reason := skip_reason():
         pytest.skip(reason)
     if existing := os.environ.get("NODEPLUG_TEST_CLUSTER"):  # a cluster made by hand with scripts/cluster-up DIR
         yield Cluster(Path(existing), Path(existing) / "kubeconfig")
         return
-    d = tmp_path_factory.mktemp("cluster")
+    # Not under pytest's temporary directory: every pytest session on the machine prunes old ones, and this one
+    # holds the cluster's state while it runs. Removed after a clean teardown; kept (with its logs) after a failure.
+    d = Path(tempfile.mkdtemp(prefix="nodeplug-cluster-", dir="/var/tmp"))
     started = time.monotonic()
     p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=1800, check=False)
     try:
@@ -161,6 +166,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
             "*/nodeplug-cluster"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
         assert not left, f"scripts/cluster-down left {left}"
+        if request.session.testsfailed:
+            print(f"\ncluster state and logs kept in {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
