@@ -47,6 +47,7 @@ HOST_PATHS = [
     Path("/opt/cni"),
     Path("/var/log/containers"),
     Path("/var/log/pods"),
+    Path("/run/containerd"),  # containerd 2 keeps its shims' sockets in /run/containerd/s whatever its state dir
 ]
 CNI_CONF_DIR = RUN / "cni" / "net.d"  # the node's CNI configuration directory (see tests/cluster/overlay)
 

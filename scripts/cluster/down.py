@@ -93,15 +93,16 @@ def kill_all(state: State) -> None:
         pid = pids.get(name)
         if isinstance(pid, int) and alive(pid) and _in_cluster(pid):
             stop(pid, 10 if name != "kubelet" else 2)
+    keeper = state.data.get("keeper")
     for _ in range(50):
-        left = cluster_pids(state)
+        left = cluster_pids(state) - {keeper}
         if not left:
             return
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    raise ClusterError(f"processes in the cluster's cgroups survive SIGKILL: {sorted(cluster_pids(state))}")
+    raise ClusterError(f"processes in the cluster's cgroups survive SIGKILL: {sorted(cluster_pids(state) - {keeper})}")
 
 
 def _in_cluster(pid: int) -> bool:
@@ -210,9 +211,11 @@ def teardown(cluster_dir: Path) -> None:
     subprocess.run(["ip", "link", "delete", HOST_VETH], capture_output=True, timeout=30, check=False)
     remove_cgroups(state)
     remove_paths(state)
+    # Last: the lock keeper (in the cluster's cgroup, which it leaves empty behind it).
     keeper = state.data.get("keeper")
-    if isinstance(keeper, int) and alive(keeper) and Path(f"/proc/{keeper}/cmdline").read_bytes().startswith(b"sleep"):
+    if isinstance(keeper, int) and alive(keeper) and _in_cluster(keeper):
         stop(keeper, 1)
+    remove_cgroups(state)
     with contextlib.suppress(OSError):
         if lock_holder().startswith(f"{cluster_dir} "):
             LOCK.write_text("")

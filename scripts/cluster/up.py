@@ -136,9 +136,10 @@ def up(cluster_dir: Path) -> Path:
     state = State(cluster_dir)
     state.data.update({"dir": str(cluster_dir), "node": node_name(), "cni_conf_dir": str(CNI_CONF_DIR)})
     state.save()
-    node.keep_lock(state, lock)
-    os.close(lock)
     try:
+        node.make_cgroups(state)
+        node.keep_lock(state, lock)
+        os.close(lock)
         return _up(state)
     except BaseException:
         diagnose(state)
@@ -183,7 +184,6 @@ def _up(state: State) -> Path:
     RUN.mkdir(parents=True)
     state.add("created", str(RUN))
     node.make_netns(state)
-    node.make_cgroups(state)
     service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
     keys = pki.make(state.dir / "pki", str(state.data["node"]), service_ip)
     shutil.copy(keys.kubeconfig("admin"), state.dir / "kubeconfig")
