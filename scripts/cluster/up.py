@@ -1,6 +1,6 @@
 """scripts/cluster-up DIR: a one-node Kubernetes 1.32 cluster from KUBE_ASSETS with nodeplug deployed on it.
 
-Steps: take the machine-wide lock; build the images (cached); a network namespace for the node; certificates;
+Steps: build the images (cached); take the machine-wide lock; a network namespace for the node; certificates;
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the ``kubernetes`` Service stand-in; containerd
 (images imported) and kubelet; a btrfs filesystem on a loop device for the ``nodeplug-btrfs`` class; the snapshot
 CRDs and snapshot-controller; then ``kubectl apply -k`` of the test overlay over daemonset/ and ``rollout status``.
@@ -56,6 +56,10 @@ def preflight() -> None:
     for tool in ("nsenter", "ip", "nft", "openssl", "podman", "mmdebstrap", "mkfs.btrfs", "losetup", "runc"):
         if shutil.which(tool) is None:
             raise ClusterError(f"{tool}: not installed (scripts/setup installs it)")
+
+
+def leftovers() -> None:
+    """A cluster not taken down leaves these (checked while holding the lock: another cluster's are not leftovers)."""
     if Path(f"/run/netns/{NETNS}").exists() or RUN.exists():
         raise ClusterError(
             f"/run/netns/{NETNS} or {RUN} exists: a cluster was not taken down (scripts/cluster-down DIR)"
@@ -129,7 +133,12 @@ def deploy_nodeplug(state: State) -> None:
 
 def up(cluster_dir: Path) -> Path:
     preflight()
+    # Binaries and images first: they need no lock (podman serialises its own storage), and are ready when it comes.
+    log(f"unpacking binaries from {KUBE_ASSETS}")
+    bins = assets.all_binaries()
+    archives = images.all_images()
     lock = take_lock(cluster_dir)
+    leftovers()
     cluster_dir.mkdir(parents=True, exist_ok=True)
     if (cluster_dir / "state.json").exists():
         raise ClusterError(f"{cluster_dir}/state.json exists: run scripts/cluster-down {cluster_dir} first")
@@ -140,7 +149,7 @@ def up(cluster_dir: Path) -> Path:
         node.make_cgroups(state)
         node.keep_lock(state, lock)
         os.close(lock)
-        return _up(state)
+        return _up(state, bins, archives)
     except BaseException:
         diagnose(state)
         if os.environ.get("NODEPLUG_CLUSTER_KEEP") == "1":
@@ -171,14 +180,11 @@ def diagnose(state: State) -> None:
     (state.dir / "logs" / "cluster.txt").write_text("\n".join(out))
 
 
-def _up(state: State) -> Path:
-    log(f"unpacking binaries from {KUBE_ASSETS}")
-    bins = assets.all_binaries()
+def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     state.data["kubectl"] = str(bins["kubectl"])
     state.data["crictl"] = str(bins["crictl"])
     state.data["containerd_socket"] = str(RUN / "containerd.sock")
     state.save()
-    archives = images.all_images()
 
     record_host_paths(state)
     RUN.mkdir(parents=True)

@@ -151,7 +151,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     # holds the cluster's state while it runs. Removed after a clean teardown; kept (with its logs) after a failure.
     d = Path(tempfile.mkdtemp(prefix="nodeplug-cluster-", dir="/var/tmp"))
     started = time.monotonic()
-    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=1800, check=False)
+    # Another cluster on the machine (only one kubelet per machine): wait for it rather than fail.
+    env = {**os.environ, "NODEPLUG_CLUSTER_LOCK_WAIT": os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "1800")}
+    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=3600, check=False, env=env)
     try:
         if p.returncode != 0:
             pytest.fail(f"scripts/cluster-up failed ({p.returncode}):\n{p.stderr[-4000:]}\nlogs: {d / 'logs'}")
