@@ -121,10 +121,34 @@ def apply_addons(state: State) -> None:
     run([*k, "apply", "-f", ADDONS / "snapshot-controller.yaml"])
 
 
+BTRFS_OFF = "  btrfs:\n    enabled: false\n"
+
+
+def write_overlay(state: State) -> Path:
+    """DIR/overlay: tests/cluster/overlay (daemonset/ with the local images) and the base's agent config with
+    csi.btrfs on the node's btrfs filesystem, so the config is always the base's of this tree."""
+    base = (REPO / "daemonset" / "agent.yaml").read_text()
+    if base.count(BTRFS_OFF) != 1:
+        raise ClusterError(f"daemonset/agent.yaml: expected one {BTRFS_OFF.strip()!r} block under csi to switch on")
+    out = state.dir / "overlay"
+    out.mkdir(exist_ok=True)
+    (out / "agent.yaml").write_text(base.replace(BTRFS_OFF, f"  btrfs:\n    enabled: true\n    path: {BTRFS}\n"))
+    (out / "kustomization.yaml").write_text(
+        "# scripts/cluster-up: the test overlay, and the agent config with the node's btrfs filesystem.\n"
+        f"resources:\n  - {os.path.relpath(OVERLAY, out)}\n"
+        "configMapGenerator:\n  - name: nodeplug-config\n    namespace: nodeplug-system\n    behavior: replace\n"
+        "    files: [agent.yaml]\n"
+    )
+    state.data["overlay"] = str(out)
+    state.save()
+    return out
+
+
 def deploy_nodeplug(state: State) -> None:
     k = kubectl(state)
-    log("kubectl apply -k tests/cluster/overlay (daemonset/ with local images)")
-    run([*k, "apply", "-k", OVERLAY], timeout=120)
+    overlay = write_overlay(state)
+    log(f"kubectl apply -k {overlay} (tests/cluster/overlay: daemonset/ with local images; btrfs on)")
+    run([*k, "apply", "-k", overlay], timeout=120)
     run([*k, "-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s"], timeout=200)
     run([*k, "wait", "--for=condition=Ready", f"node/{state.data['node']}", "--timeout=120s"], timeout=150)
     run([*k, "-n", "kube-system", "rollout", "status", "deployment/snapshot-controller", "--timeout=120s"],

@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 KUBE_ASSETS = Path(os.environ.get("KUBE_ASSETS", REPO.parent / "shared" / "kube"))
 CLUSTER_UP = REPO / "scripts" / "cluster-up"
 CLUSTER_DOWN = REPO / "scripts" / "cluster-down"
-OVERLAY = REPO / "tests" / "cluster" / "overlay"
 NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "containerd",
           "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer", "csi-snapshotter",
           "snapshot-controller"]  # fmt: skip
@@ -74,7 +73,7 @@ class Cluster:
         self.netns = state["netns"]
         self.crictl = state["crictl"]
         self.containerd_socket = state["containerd_socket"]
-        self.overlay = OVERLAY
+        self.overlay = Path(state["overlay"])  # tests/cluster/overlay with the node's agent config
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
         argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]

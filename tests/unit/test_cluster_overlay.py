@@ -1,6 +1,5 @@
-"""tests/cluster/overlay stays an overlay of test-environment facts only: the base's agent config but for the btrfs
-filesystem the test node has, every image of the base replaced by a local one that is never pulled, and the node's
-own CNI configuration directory. Anything else belongs in daemonset/ itself."""
+"""tests/cluster/overlay stays an overlay of test-environment facts only: every image of the base replaced by a local
+one that is never pulled, and the node's own CNI configuration directory. Anything else belongs in daemonset/."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from nodeplug.config import parse
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "daemonset"
@@ -22,13 +19,6 @@ def load(path: Path) -> Any:
 
 def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
-
-
-def test_the_agent_config_is_the_bases_with_btrfs_enabled() -> None:
-    base = load(BASE / "agent.yaml")
-    base["csi"]["btrfs"] = {"enabled": True, "path": "/var/lib/nodeplug/btrfs"}
-    assert load(OVERLAY / "agent.yaml") == base
-    assert parse(load(OVERLAY / "agent.yaml")).csi.btrfs.enabled
 
 
 def test_every_image_is_local_and_never_pulled() -> None:
