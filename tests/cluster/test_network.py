@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Cluster  # the fixture's type (tests/cluster/conftest.py)
+    from .conftest import Cluster  # the fixture's type
 
 # Pods take their addresses from the node's spec.podCIDRs once the agent follows Node objects (the cluster pod
 # network); until then from the subnet install-cni wrote into the conflist. Set this when that lands.
