@@ -84,16 +84,14 @@ def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: i
     v = host.volume(volume_id)
     rec, _ = _where(host, v, path)
     if v.is_subvolume:
-        return max(v.capacity_bytes, required)  # the qgroup limit was raised by ControllerExpandVolume
+        return max(v.capacity_bytes, required)  # the qgroup limit was raised with the volume's record
     device = loopdev.rw_device(host.backing(v))
     if device is None:
         raise FailedPrecondition(f"volume {v.volume_id} has no loop device; stage it again")
     loopdev.refresh_size(device)
     size = mounts.block_size(device)
     if required and size < required:
-        raise OutOfRange(
-            f"volume {v.volume_id} is {size} bytes, less than {required}; call ControllerExpandVolume first"
-        )
+        raise OutOfRange(f"volume {v.volume_id} is {size} bytes, less than {required}; its backing file did not grow")
     if v.is_block or kind == "block":
         return size
     if not holders.holds(v, host.backing(v), rec.staging_path):

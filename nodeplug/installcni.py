@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeplug import commands, refplugins
+from nodeplug import cninetwork, commands, refplugins
 from nodeplug.fsutil import fsync_dir, write_atomic
 from nodeplug.paths import CNI_BIN_DIR, CNI_CONF_DIR, Root
 
@@ -355,9 +355,10 @@ def install_conflist(
     return True
 
 
-def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
+def uninstall(layout: Layout, say: Callable[[str], None] = print, network: bool = False) -> bool:
     """Remove the symlink, nodeplug.d/, our conflist and our copies of the reference plugins; leave anything that is
-    not ours (and say so)."""
+    not ours (and say so). With ``network`` (this node's own paths, not a --root), also the network's bridge and
+    masquerade table if unused."""
     _remove_leftovers(layout)
     changed = refplugins.uninstall(layout.bin_dir, layout.bin_dir / refplugins.RECORD, say)
     try:
@@ -374,7 +375,10 @@ def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
         say(f"removed {layout.bundles}")
         changed = True
     if layout.conflist.exists():
-        if is_ours(_read_conflist(layout.conflist)):
+        conf = _read_conflist(layout.conflist)
+        if is_ours(conf):
+            if network:
+                cninetwork.remove_unused(conf, DEFAULT_BRIDGE, say)
             layout.conflist.unlink()
             say(f"removed {layout.conflist}")
             changed = True
@@ -454,7 +458,7 @@ def _layout(args: argparse.Namespace) -> Layout:
 def run_install(args: argparse.Namespace) -> int:
     layout = _layout(args)
     if args.uninstall:
-        uninstall(layout)
+        uninstall(layout, network=args.root.resolve() == Path("/"))
         return 0
     conf: dict[str, Any] | None = None
     if not args.skip_conflist:
