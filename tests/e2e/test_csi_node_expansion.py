@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_csi_harness import MiB, cap, running_driver
 
 from nodeplug.api.csi.v1 import csi_pb2
+
+from support.csidriver import MiB, cap, running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 Cap = csi_pb2.ControllerServiceCapability.RPC
