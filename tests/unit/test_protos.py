@@ -19,11 +19,11 @@ from google.protobuf.descriptor import FileDescriptor
 
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from nodeplug.api.dra.v1 import api_pb2 as dra_v1_pb2
 from nodeplug.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from nodeplug.api.dra.v1beta1 import api_pb2 as dra_v1beta1_pb2
 from nodeplug.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from nodeplug.api.podresources.v1 import api_pb2 as pr_pb2
