@@ -49,8 +49,18 @@ def _get(obj: Mapping[str, Any], key: str, kind: type, where: str, required: boo
 
 
 def parse_claim(obj: object, *, namespace: str, name: str, uid: str, driver: str) -> ClaimAllocation:
-    """This driver's share of the allocation of the ResourceClaim ``namespace/name`` with ``uid``."""
+    """This driver's share of the allocation of the ResourceClaim ``namespace/name`` with ``uid``; every
+    :class:`ClaimError` names the claim."""
     ref = f"ResourceClaim {namespace}/{name}"
+    try:
+        return _parse(obj, ref, namespace=namespace, name=name, uid=uid, driver=driver)
+    except ClaimError as e:
+        if str(e).startswith(ref):
+            raise
+        raise ClaimError(f"{ref}: {e}") from None
+
+
+def _parse(obj: object, ref: str, *, namespace: str, name: str, uid: str, driver: str) -> ClaimAllocation:
     if not isinstance(obj, Mapping):
         raise ClaimError(f"{ref}: expected an object, got {type(obj).__name__}")
     meta = _get(obj, "metadata", Mapping, "claim")
