@@ -5,6 +5,11 @@ Start-up order: validate the whole config (done by the caller), start the HTTP e
 exits non-zero. SIGTERM/SIGINT stop the plugins in reverse order, each giving in-flight RPCs
 ``shutdown_grace_seconds``, and the agent exits 0 with its sockets removed.
 
+Kubernetes API: given a :class:`~nodeplug.kube.KubeSource` (``--kubeconfig``, ``KUBECONFIG`` or the in-cluster
+service account), the agent makes one :class:`~nodeplug.kube.KubeClient` before the plugins start and hands it to them
+in the context (no request is made at that point: start-up never waits for the API server); it is closed after they
+stop. Without one the plugins run single-node.
+
 Reload: SIGHUP, or a change of the config file's content (checked every second; ConfigMap updates swap symlinks, so
 content is compared, not inotify events), loads the file again. An invalid file is rejected with one log line per
 problem and the running config stays. A section whose content changed is handed to its plugin's ``reload``; a plugin
@@ -19,13 +24,16 @@ import hashlib
 import importlib
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeplug.config import AgentConfig, ConfigError, load
 from nodeplug.httpserver import HealthServer
 from nodeplug.log import get_logger
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext, Plugin, Readiness
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeSource
 
 PLUGIN_ORDER = ("deviceplugin", "csi", "cni")
 CONFIG_POLL_SECONDS = 1.0
@@ -40,11 +48,19 @@ def create_plugin(name: str, section: Any, ctx: AgentContext) -> Plugin:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, config_path: Path | None = None, root_override: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        config_path: Path | None = None,
+        root_override: Path | None = None,
+        kube: KubeSource | None = None,
+        node_name: str = "",
+    ) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.root_override = root_override
-        self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path)
+        self.kube_source = kube
+        self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path, node_name=node_name)
         self.plugins: dict[str, Plugin] = {}
         self.http = HealthServer(cfg.http.host, cfg.http.port, self.ctx.metrics, self.readiness)
         self._stop = asyncio.Event()
@@ -70,6 +86,11 @@ class Agent:
 
     async def start(self) -> None:
         await self.http.start()
+        if self.kube_source is not None:
+            from nodeplug.kube import KubeClient
+
+            self.ctx.kube = KubeClient(self.kube_source)
+            log.info("following the Kubernetes API", origin=self.kube_source.origin, node=self.ctx.node_name)
         try:
             for name in PLUGIN_ORDER:
                 section = getattr(self.cfg, name)
@@ -99,6 +120,10 @@ class Agent:
                 await asyncio.wait_for(plugin.stop(grace), grace + 10)
             except Exception as e:
                 log.error("plugin did not stop cleanly", name=name, error=repr(e))
+        if self.ctx.kube is not None:
+            kube, self.ctx.kube = self.ctx.kube, None
+            with contextlib.suppress(Exception):
+                await kube.close()
         await self.http.stop()
 
     async def run(self) -> int:

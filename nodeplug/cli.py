@@ -12,10 +12,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodeplug import __version__
 from nodeplug import log as logging_setup
 from nodeplug.config import ConfigError, load
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeSource
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,10 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--config", type=Path, help="agent config file (YAML); built-in defaults when omitted")
     agent.add_argument("--root", type=Path, help="place every host path under this directory (overrides root:)")
     agent.add_argument("--check-config", type=Path, metavar="FILE", help="only validate FILE and exit")
+    _kube_arguments(agent)
 
     doctor = sub.add_parser("doctor", help="check this node and the running agent end to end")
     doctor.add_argument("--config", type=Path, help="the agent's config file; built-in defaults when omitted")
     doctor.add_argument("--root", type=Path, help="the agent's --root")
+    _kube_arguments(doctor)
 
     install = sub.add_parser("install-cni", help="install the CNI entry point and conflist on the host")
     try:
@@ -41,6 +47,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version")
     return parser
+
+
+def _kube_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE",
+        help="follow the Kubernetes API this kubeconfig names (default: $KUBECONFIG, else the in-cluster service "
+        "account, else none: single-node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-name", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)"
+    )
+
+
+def _kube_or_exit(args: argparse.Namespace) -> tuple[KubeSource | None, str]:
+    """The Kubernetes API source (None: single-node) and this node's name; exit 2 when the named source is bad."""
+    from nodeplug.kube.config import KubeConfigError, node_name, resolve
+
+    try:
+        source = resolve(args.kubeconfig)
+    except KubeConfigError as e:
+        print(f"nodeplug: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return source, node_name(args.node_name)
 
 
 def _load_or_exit(config: Path | None, root: Path | None) -> object:
@@ -66,16 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg = _load_or_exit(args.config, args.root)
         assert isinstance(cfg, AgentConfig)
+        source, node = _kube_or_exit(args)
         logging_setup.setup(cfg.log_level)
-        return asyncio.run(Agent(cfg, args.config, args.root).run())
+        return asyncio.run(Agent(cfg, args.config, args.root, source, node).run())
     if args.command == "doctor":
         from nodeplug.config import AgentConfig
         from nodeplug.doctor import doctor
 
         cfg = _load_or_exit(args.config, args.root)
         assert isinstance(cfg, AgentConfig)
+        source, node = _kube_or_exit(args)
         logging_setup.setup("warning")
-        return asyncio.run(doctor(cfg, sys.stdout))
+        return asyncio.run(doctor(cfg, sys.stdout, source, node))
     if args.command == "install-cni":
         if getattr(args, "unavailable", False):
             print("nodeplug: install-cni is not available in this build", file=sys.stderr)

@@ -18,13 +18,16 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from nodeplug import paths
 from nodeplug.checks import Check, CheckFailed, CheckResult, CheckSkipped, CheckWarning
 from nodeplug.commands import CommandError, arun
 from nodeplug.config import AgentConfig
 from nodeplug.plugin import AgentContext
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeSource
 
 CHECK_TIMEOUT = 120.0
 
@@ -197,9 +200,17 @@ def print_table(results: Sequence[CheckResult], out: TextIO) -> None:
     out.write(f"\n{passed} ok, {warned} warnings, {failed} failed, {skipped} skipped\n")
 
 
-async def doctor(cfg: AgentConfig, out: TextIO) -> int:
-    ctx = AgentContext(root=paths.Root(cfg.root))
-    results = await run_checks(all_checks(cfg, ctx))
+async def doctor(cfg: AgentConfig, out: TextIO, kube: KubeSource | None = None, node_name: str = "") -> int:
+    ctx = AgentContext(root=paths.Root(cfg.root), node_name=node_name)
+    if kube is not None:
+        from nodeplug.kube import KubeClient
+
+        ctx.kube = KubeClient(kube)
+    try:
+        results = await run_checks(all_checks(cfg, ctx))
+    finally:
+        if ctx.kube is not None:
+            await ctx.kube.close()
     print_table(results, out)
     with contextlib.suppress(Exception):
         out.flush()

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nodeplug.log import Logger, get_logger
 from nodeplug.metrics import Metrics
 from nodeplug.paths import Root
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeClient
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class AgentContext:
     root: Root = field(default_factory=Root)
     metrics: Metrics = field(default_factory=Metrics)
     config_path: Path | None = None
+    # The Kubernetes API client (nodeplug.kube), None in single-node mode; and this node's name in that API.
+    kube: KubeClient | None = None
+    node_name: str = ""
 
     def logger(self, plugin: str, **bound: Any) -> Logger:
         return get_logger(plugin, **bound)
