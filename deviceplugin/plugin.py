@@ -218,6 +218,8 @@ class DevicePlugin:
             metrics=self.ctx.metrics,
             cdi_dir=self.cdi_dir,
             log=self.log,
+            kube=self.ctx.kube,
+            node=self.ctx.node_name,
         )
         try:
             await dra.start()

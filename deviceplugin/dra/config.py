@@ -6,8 +6,6 @@
       dra:
         enabled: false                  # true: serve kubelet's DRA API and publish this node's ResourceSlices
         driver_name: devices.nodeplug.io
-        node_name: ""                   # "" means NODE_NAME from the environment, else the host name
-        kubeconfig: ""                  # "" means KUBECONFIG, else the pod's service account
         api_version: auto               # resource.k8s.io: auto (v1 when served, else v1beta1) | v1 | v1beta1
         state_dir: /var/lib/nodeplug/dra   # the prepared-claims database
         resync_seconds: 300             # safety re-check of the published slices
@@ -16,8 +14,10 @@
           devices: [/dev/fuse]
           offer: both                   # deviceplugin (the default) | dra | both
 
-Which resources DRA offers is each resource's ``offer``; the default ``deviceplugin`` changes nothing for existing
-configs. A resource offered ``both`` hands each physical device to one side at a time (see :mod:`deviceplugin.dra`).
+The API server and this node's name are the agent's (``nodeplug agent --kubeconfig``, ``KUBECONFIG`` or the
+service account; ``--node-name`` or ``NODE_NAME``). Which resources DRA offers is each resource's ``offer``; the
+default ``deviceplugin`` changes nothing for existing configs. A resource offered ``both`` hands each physical device
+to one side at a time (see :mod:`deviceplugin.dra.inventory`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ class DraConfig(BaseModel):
 
     enabled: bool = False
     driver_name: str = DRIVER_NAME
-    node_name: str = ""
-    kubeconfig: str = ""
     api_version: Literal["auto", "v1", "v1beta1"] = "auto"
     state_dir: str = "/var/lib/nodeplug/dra"
     resync_seconds: float = Field(default=300.0, ge=5, le=86400)
@@ -47,13 +45,6 @@ class DraConfig(BaseModel):
     def _driver(cls, v: str) -> str:
         if len(v) > 63 or not _DNS_SUBDOMAIN.match(v) or "." not in v:
             raise ValueError("expected a lower-case DNS subdomain with a dot, at most 63 characters")
-        return v
-
-    @field_validator("node_name")
-    @classmethod
-    def _node(cls, v: str) -> str:
-        if v and (len(v) > 253 or not _DNS_SUBDOMAIN.match(v)):
-            raise ValueError("expected a node name (a lower-case DNS subdomain)")
         return v
 
     @field_validator("state_dir")

@@ -3,8 +3,8 @@ kubelet's plugin watcher, ResourceSlice publishing and the device-plugin holds.
 
 ``start``:
 
-1. the Kubernetes API from ``kubeconfig`` / ``KUBECONFIG`` / the service account (an error when none is set: DRA
-   cannot work without it) and this node's name;
+1. the agent's Kubernetes client and node name (an error when the agent runs single-node: DRA cannot work without
+   the API);
 2. the prepared-claims database (:mod:`deviceplugin.dra.store`), whose claims hold their devices at once;
 3. the DRA gRPC service (``v1`` and ``v1beta1``) on ``<root>/var/lib/kubelet/plugins/<driver>/dra.sock``, then the
    registration socket ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock`` (type ``DRAPlugin``,
@@ -46,7 +46,7 @@ from deviceplugin.state import Listed
 from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nodeplug.grpcserve import UnixGrpcServer
-from nodeplug.kube import Backoff, KubeClient, KubeError, node_name, resolve
+from nodeplug.kube import Backoff, KubeClient, KubeError
 from nodeplug.log import Logger
 from nodeplug.metrics import Metrics
 from nodeplug.paths import KUBELET_DIR, PLUGINS_DIR, PLUGINS_REGISTRY_DIR, Root
@@ -110,7 +110,8 @@ class DraDriver:
         metrics: Metrics,
         cdi_dir: Path,
         log: Logger,
-        env: Mapping[str, str] | None = None,
+        kube: KubeClient | None,
+        node: str,
     ) -> None:
         self.cfg = cfg
         self.root = root
@@ -119,13 +120,12 @@ class DraDriver:
         self.metrics = metrics
         self.cdi_dir = cdi_dir
         self.log = log.bind(driver=cfg.driver_name)
-        self.env = env
         self.view = InventoryView(runtimes)
         self.socket = root(dra_socket_default(cfg.driver_name))
         self.registration_socket = root(registration_socket_default(cfg.driver_name))
         self.pod_resources = root(POD_RESOURCES_SOCKET)
-        self.client: KubeClient | None = None
-        self.node = ""
+        self.client = kube
+        self.node = node
         self.version = ""
         self.store: ClaimStore | None = None
         self.preparer: Preparer | None = None
@@ -138,14 +138,11 @@ class DraDriver:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        source = resolve(Path(self.cfg.kubeconfig) if self.cfg.kubeconfig else None, env=self.env)
-        if source is None:
+        if self.client is None or not self.node:
             raise RuntimeError(
-                "dra.enabled needs the Kubernetes API: set dra.kubeconfig or KUBECONFIG, or run in a pod with a "
-                "service account"
+                "deviceplugin.dra.enabled needs the Kubernetes API: run the agent with --kubeconfig or KUBECONFIG, "
+                "or in a pod with a service account"
             )
-        self.node = node_name(self.cfg.node_name or None, env=self.env)
-        self.client = KubeClient(source)
         self.store = ClaimStore(self.root(self.cfg.state_dir) / "claims.db")
         self.preparer = Preparer(
             driver=self.cfg.driver_name,
@@ -178,7 +175,7 @@ class DraDriver:
         self._tasks.append(asyncio.create_task(self._connect(), name="dra-connect"))
         if self.view.shared():
             self._tasks.append(asyncio.create_task(self._poll_holds(), name="dra-holds"))
-        self.log.info("DRA driver started", node=self.node, api=source.origin, socket=str(self.socket))
+        self.log.info("DRA driver started", node=self.node, api=self.client.source.origin, socket=str(self.socket))
 
     async def stop(self, grace: float, remove: bool = False) -> None:
         if self.registration is not None:
@@ -205,9 +202,6 @@ class DraDriver:
         for rt in self.runtimes().values():
             rt.on_change = rt.on_allocate = None
             rt.set_held({})
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
         if self.store is not None:
             self.store.close()
             self.store = None
