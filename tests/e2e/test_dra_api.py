@@ -1,0 +1,335 @@
+"""The DRA driver against a real kube-apiserver (with DynamicResourceAllocation and resource.k8s.io/v1beta1) and
+etcd, in a network namespace of its own; the whole agent runs there too, on a temporary root with a fake /dev of real
+device nodes. kubelet's part is played over the real unix sockets: the plugin-watcher registration, the DRA gRPC
+service in both packages, and the device plugin's ListAndWatch. Slices, claims and their status are real API
+objects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from clusterlab import ADMIN_TOKEN, CP_ADDR, Api, ControlPlane, Netns, binaries, missing_assets, wait_for
+
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
+from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from nodeplug.api.dra.v1 import api_pb2 as v1
+from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
+from nodeplug.api.dra.v1beta1 import api_pb2 as v1beta1
+from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
+from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
+
+NODE = "dra-node"
+DRIVER = "devices.nodeplug.io"
+NS = "demo"
+SLICES = f"/apis/resource.k8s.io/v1beta1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+DRA_FLAGS = ["--feature-gates=DynamicResourceAllocation=true", "--runtime-config=resource.k8s.io/v1beta1=true"]
+
+
+def start_apiserver(cp: ControlPlane) -> Api:
+    """clusterlab's apiserver, with DRA on."""
+    argv = [
+        str(cp.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
+        f"--bind-address={CP_ADDR}", f"--advertise-address={CP_ADDR}", "--secure-port=6443",
+        f"--cert-dir={cp.work / 'certs-apiserver'}", f"--token-auth-file={cp.work / 'tokens.csv'}",
+        "--authorization-mode=RBAC", f"--service-account-key-file={cp.work / 'sa.pub'}",
+        f"--service-account-signing-key-file={cp.work / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
+        "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none", "--v=1", *DRA_FLAGS,
+    ]  # fmt: skip
+    cp.procs["apiserver"] = cp.ns.popen(argv, cp.work / "apiserver.log")
+    api = Api(cp.ns, CP_ADDR, 6443)
+    wait_for("kube-apiserver ready", api.ready, timeout=120, interval=0.2)
+    return api
+
+
+class Cluster:
+    def __init__(self, work: Path, ns: Netns) -> None:
+        self.work, self.ns = work, ns
+        # a non-loopback address for the apiserver to advertise: a veth pair with both ends in the namespace
+        self.ns.ip("link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        self.ns.ip("addr", "add", f"{CP_ADDR}/24", "dev", "d0")
+        self.ns.ip("link", "set", "d0", "up")
+        self.ns.ip("link", "set", "d1", "up")
+        self.cp = ControlPlane(self.ns, work / "cp", binaries())
+        self.cp.start_etcd()
+        self.api = start_apiserver(self.cp)
+        self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        self.api.node(NODE, [], [CP_ADDR])
+        self.node_uid = self.api.ok("GET", f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+        self.kubeconfig = work / "kubeconfig"
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": f"https://{CP_ADDR}:6443",
+                                                           "certificate-authority": str(self.cp.ca())}}],
+                    "users": [{"name": "u", "user": {"token": ADMIN_TOKEN}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )  # fmt: skip
+
+    def slices(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.api.ok("GET", SLICES)["items"]
+        return items
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Device name -> attributes (plain values), over every slice of the node."""
+        out = {}
+        for s in self.slices():
+            for d in s["spec"]["devices"]:
+                out[d["name"]] = {k: next(iter(v.values())) for k, v in d["basic"]["attributes"].items()}
+        return out
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    work = Path(tempfile.mkdtemp(prefix="npdra-", dir="/tmp"))
+    ns = Netns("npdra" + uuid.uuid4().hex[:6])
+    c: Cluster | None = None
+    try:
+        c = Cluster(work, ns)
+        yield c
+    finally:
+        if c is not None:
+            c.cp.close()
+        ns.delete()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class Agent:
+    """``nodeplug agent`` in the cluster's netns on a temporary root; devices are /dev/npw* of a fake host."""
+
+    def __init__(self, cluster: Cluster, root: Path) -> None:
+        self.cluster, self.root = cluster, root
+        self.host = root / "host"
+        (self.host / "dev").mkdir(parents=True, exist_ok=True)
+        self.config = root / "agent.yaml"
+        self.log = root / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.write_config()
+
+    def write_config(self, enabled: bool = True, offer: str = "both") -> None:
+        self.config.write_text(
+            "http: {address: 127.0.0.1:0}\nshutdown_grace_seconds: 2\ncsi: {enabled: false}\ncni: {enabled: false}\n"
+            f"deviceplugin:\n  host_root: {self.host}\n  dra: {{enabled: {str(enabled).lower()}}}\n"
+            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}}}\n"
+        )
+
+    def mknod(self, name: str) -> None:
+        os.mknod(self.host / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(self.root),
+                "--kubeconfig", str(self.cluster.kubeconfig), "--node-name", NODE]  # fmt: skip
+        self.proc = self.cluster.ns.popen(argv, self.log)
+        wait_for("DRA socket", lambda: _answers(self.dra_socket) or self._dead(), timeout=30)
+
+    def _dead(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+        return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        self.proc = None
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.root / f"var/lib/kubelet/plugins/{DRIVER}/dra.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "var/run/cdi"
+
+    def claim_specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.glob("k8s.*.json")) if self.cdi_dir.exists() else []
+
+
+@pytest.fixture
+def agent(cluster: Cluster) -> Iterator[Agent]:
+    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
+    a = Agent(cluster, root)
+    try:
+        yield a
+    finally:
+        a.kill()
+        cluster.api.request("DELETE", SLICES.replace("?", "?"))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _answers(path: Path) -> bool:
+    """Something accepts connections on the unix socket (a socket left by a killed agent refuses them)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _dra(sock: Path, version: str, method: str, claims: list[tuple[str, str, str]]) -> Any:
+    pb, stub_mod = (v1beta1, v1beta1_grpc) if version == "v1beta1" else (v1, v1_grpc)
+    req_cls = pb.NodePrepareResourcesRequest if method == "prepare" else pb.NodeUnprepareResourcesRequest
+    req = req_cls(claims=[pb.Claim(namespace=n, name=m, uid=u) for n, m, u in claims])
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
+        stub = stub_mod.DRAPluginStub(ch)
+        call = stub.NodePrepareResources if method == "prepare" else stub.NodeUnprepareResources
+        return await call(req, timeout=20)
+
+
+async def _listing(sock: Path) -> dict[str, str]:
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
+        stream = dp_grpc.DevicePluginStub(ch).ListAndWatch(dp_pb2.Empty(), timeout=10)
+        first = await stream.read()
+        stream.cancel()
+    return {d.ID: d.health for d in first.devices}
+
+
+def make_claim(cluster: Cluster, name: str, device: str) -> str:
+    """A ResourceClaim allocated (as the scheduler would) to ``device`` of this node's pool; returns its UID."""
+    obj = cluster.api.create({
+        "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "w", "deviceClassName": f"widget.{DRIVER}"}]}},
+    })  # fmt: skip
+    obj["status"] = {"allocation": {"devices": {"results": [
+        {"request": "w", "driver": DRIVER, "pool": NODE, "device": device}]}}}  # fmt: skip
+    path = f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims/{name}/status"
+    cluster.api.ok("PUT", path, obj)
+    return str(obj["metadata"]["uid"])
+
+
+def test_registration_as_kubelet_sees_it(cluster: Cluster, agent: Agent) -> None:
+    agent.start()
+    reg = agent.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+
+    async def go() -> Any:
+        async with grpc.aio.insecure_channel(f"unix://{reg}") as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=5)
+            await stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+            return info
+
+    info = run(go())
+    assert info.type == "DRAPlugin" and info.name == DRIVER
+    assert info.endpoint == f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"  # the host's path, as kubelet dials it
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+def test_slices_follow_the_devices(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.mknod("npw1")
+    agent.start()
+    devs = wait_for("slice with two devices", lambda: len(cluster.devices()) == 2 and cluster.devices(), timeout=20)
+    assert devs["widget-npw0"] == {"resource": "widget", "kind": "node", "path": "/dev/npw0"}
+    (s,) = cluster.slices()
+    assert s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == NODE
+    assert s["metadata"]["ownerReferences"][0]["uid"] == cluster.node_uid
+    gen = s["spec"]["pool"]["generation"]
+
+    t0 = time.monotonic()
+    agent.mknod("npw2")  # hotplug
+    wait_for("hotplugged device in the slice", lambda: "widget-npw2" in cluster.devices(), timeout=1.0, interval=0.005)
+    print(f"hotplug -> ResourceSlice: {(time.monotonic() - t0) * 1000:.0f} ms")
+    assert cluster.slices()[0]["spec"]["pool"]["generation"] > gen
+
+    (agent.host / "dev" / "npw0").unlink()
+    wait_for("removed device gone from the slice", lambda: "widget-npw0" not in cluster.devices(), timeout=1.0)
+
+    # kubelet deletes a node's slices when it starts: they come back
+    cluster.api.ok("DELETE", SLICES)
+    wait_for("slices published again", lambda: set(cluster.devices()) == {"widget-npw1", "widget-npw2"}, timeout=5)
+
+
+def test_prepare_survives_a_restart_and_holds_the_device(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.mknod("npw1")
+    agent.start()
+    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=20)
+    uid = make_claim(cluster, "c1", "widget-npw0")
+    dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+    assert run(_listing(dp_sock)) == {"npw0": "Healthy", "npw1": "Healthy"}
+
+    resp = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid), (NS, "nope", str(uuid.uuid4()))]))
+    got = resp.claims[uid]
+    assert got.error == ""
+    assert [(d.pool_name, d.device_name, list(d.cdi_device_ids), list(d.request_names)) for d in got.devices] == [
+        (NODE, "widget-npw0", [f"k8s.{DRIVER}/claim={uid}-widget-npw0"], ["w"])
+    ]
+    errors = {u: r.error for u, r in resp.claims.items() if u != uid}
+    assert len(resp.claims) == 2 and "not found" in next(iter(errors.values()))
+    assert agent.claim_specs() == [f"k8s.{DRIVER}-claim_{uid}.json"]
+    spec = json.loads((agent.cdi_dir / agent.claim_specs()[0]).read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/npw0"
+    # the device plugin no longer offers it, DRA stops nothing else
+    assert run(_listing(dp_sock)) == {"npw0": "Unhealthy", "npw1": "Healthy"}
+    # the same answer through the v1 service
+    again = run(_dra(agent.dra_socket, "v1", "prepare", [(NS, "c1", uid)]))
+    assert [d.device_name for d in again.claims[uid].devices] == ["widget-npw0"]
+
+    agent.kill()  # kill -9 between prepare and unprepare
+    agent.start()
+    assert run(_listing(dp_sock)) == {"npw0": "Unhealthy", "npw1": "Healthy"}
+    out = run(_dra(agent.dra_socket, "v1beta1", "unprepare", [(NS, "c1", uid)]))
+    assert out.claims[uid].error == ""
+    assert agent.claim_specs() == []
+    wait_for("device offered again", lambda: run(_listing(dp_sock))["npw0"] == "Healthy", timeout=5)
+
+
+def test_the_api_server_away(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.start()
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    uid = make_claim(cluster, "c2", "widget-npw0")
+    assert run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c2", uid)])).claims[uid].error == ""
+    uid3 = make_claim(cluster, "c3", "widget-npw0")
+    dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+    cluster.cp.stop("apiserver")
+    try:
+        agent.mknod("npw1")
+        wait_for("device plugin sees the hotplug", lambda: "npw1" in run(_listing(dp_sock)), timeout=5)
+        again = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c2", uid), (NS, "c3", uid3)]))
+        assert again.claims[uid].error == "" and again.claims[uid].devices[0].device_name == "widget-npw0"
+        assert "cannot be read now" in again.claims[uid3].error
+        assert run(_dra(agent.dra_socket, "v1beta1", "unprepare", [(NS, "c2", uid)])).claims[uid].error == ""
+        assert agent.claim_specs() == []
+    finally:
+        cluster.api = start_apiserver(cluster.cp)
+    wait_for("slices catch up", lambda: set(cluster.devices()) == {"widget-npw0", "widget-npw1"}, timeout=30)
+
+
+def test_disabling_dra_removes_the_slices(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.start()
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    agent.write_config(enabled=False, offer="deviceplugin")
+    wait_for("slices removed", lambda: not cluster.slices(), timeout=10)
+    assert not agent.dra_socket.exists()
