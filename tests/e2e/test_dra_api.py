@@ -103,6 +103,7 @@ class Cluster:
                 out[d["name"]] = {k: next(iter(v.values())) for k, v in d["basic"]["attributes"].items()}
         return out
 
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     work = Path(tempfile.mkdtemp(prefix="npdra-", dir="/tmp"))
