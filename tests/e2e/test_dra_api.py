@@ -145,7 +145,8 @@ class Agent:
         argv = [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(self.root),
                 "--kubeconfig", str(self.cluster.kubeconfig), "--node-name", NODE]  # fmt: skip
         self.proc = self.cluster.ns.popen(argv, self.log)
-        wait_for("DRA socket", lambda: _answers(self.dra_socket) or self._dead(), timeout=30)
+        reg = self.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+        wait_for("DRA sockets", lambda: (_answers(self.dra_socket) and _answers(reg)) or self._dead(), timeout=30)
 
     def _dead(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
@@ -178,7 +179,8 @@ def agent(cluster: Cluster) -> Iterator[Agent]:
         yield a
     finally:
         a.kill()
-        cluster.api.request("DELETE", SLICES.replace("?", "?"))
+        cluster.api.request("DELETE", SLICES)
+        cluster.api.request("DELETE", f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims")
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -215,7 +217,8 @@ async def _listing(sock: Path) -> dict[str, str]:
 
 
 def make_claim(cluster: Cluster, name: str, device: str) -> str:
-    """A ResourceClaim allocated (as the scheduler would) to ``device`` of this node's pool; returns its UID."""
+    """A ResourceClaim allocated (as the scheduler would) to ``device`` of this node's pool; returns its UID. Each
+    test's claims are deleted with its agent."""
     obj = cluster.api.create({
         "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NS},
@@ -334,3 +337,22 @@ def test_disabling_dra_removes_the_slices(cluster: Cluster, agent: Agent) -> Non
     agent.write_config(enabled=False, offer="deviceplugin")
     wait_for("slices removed", lambda: not cluster.slices(), timeout=10)
     assert not agent.dra_socket.exists()
+
+
+def test_a_device_plugin_allocation_is_withheld_from_dra(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.mknod("npw1")
+    agent.start()
+    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=20)
+    dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+
+    async def allocate() -> Any:
+        async with grpc.aio.insecure_channel(f"unix://{dp_sock}") as ch:
+            req = dp_pb2.AllocateRequest(container_requests=[dp_pb2.ContainerAllocateRequest(devices_ids=["npw1"])])
+            return await dp_grpc.DevicePluginStub(ch).Allocate(req, timeout=10)
+
+    run(allocate())
+    wait_for("allocated device withheld from the slice", lambda: set(cluster.devices()) == {"widget-npw0"}, timeout=1)
+    uid = make_claim(cluster, "c1", "widget-npw1")  # as from a slice read before the Allocate
+    got = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid)])).claims[uid]
+    assert "in use through the device plugin" in got.error and agent.claim_specs() == []
