@@ -24,7 +24,8 @@ from typing import Any
 
 import grpc
 import pytest
-from clusterlab import ADMIN_TOKEN, CP_ADDR, Api, ControlPlane, Netns, binaries, missing_assets, wait_for
+import yaml
+from clusterlab import CP_ADDR, REPO, Api, ControlPlane, Netns, binaries, missing_assets, wait_for
 
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
@@ -74,8 +75,14 @@ class Cluster:
         self.cp.start_etcd()
         self.api = start_apiserver(self.cp)
         self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        for doc in deployed():
+            if doc["kind"] == "DeviceClass":
+                self.api.ok("POST", "/apis/resource.k8s.io/v1beta1/deviceclasses", doc)
+            else:
+                self.api.create(doc)
         self.api.node(NODE, [], [CP_ADDR])
         self.node_uid = self.api.ok("GET", f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+        self.token = self.node_token(NODE, self.node_uid)
         self.kubeconfig = work / "kubeconfig"
         self.kubeconfig.write_text(
             json.dumps(
@@ -84,12 +91,21 @@ class Cluster:
                     "kind": "Config",
                     "clusters": [{"name": "c", "cluster": {"server": f"https://{CP_ADDR}:6443",
                                                            "certificate-authority": str(self.cp.ca())}}],
-                    "users": [{"name": "u", "user": {"token": ADMIN_TOKEN}}],
+                    "users": [{"name": "u", "user": {"token": self.token}}],
                     "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
                     "current-context": "x",
                 }
             )
         )  # fmt: skip
+
+    def node_token(self, node: str, uid: str) -> str:
+        """A token of the agent's service account bound to ``node``, as a pod on that node gets (RBAC and the
+        admission policy of daemonset/dra.yaml apply to it)."""
+        req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+               "spec": {"expirationSeconds": 86400,
+                        "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}}}  # fmt: skip
+        doc = self.api.ok("POST", "/api/v1/namespaces/nodeplug-system/serviceaccounts/nodeplug/token", req)
+        return str(doc["status"]["token"])
 
     def slices(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.api.ok("GET", SLICES)["items"]
@@ -102,6 +118,14 @@ class Cluster:
             for d in s["spec"]["devices"]:
                 out[d["name"]] = {k: next(iter(v.values())) for k, v in d["basic"]["attributes"].items()}
         return out
+
+
+def deployed() -> Iterator[dict[str, Any]]:
+    """The objects of daemonset/ the DRA driver runs under: its namespace and service account, dra.yaml."""
+    for name, kinds in (("namespace.yaml", {"Namespace"}), ("rbac.yaml", {"ServiceAccount"}), ("dra.yaml", None)):
+        for doc in yaml.safe_load_all((REPO / "daemonset" / name).read_text()):
+            if doc and (kinds is None or doc["kind"] in kinds):
+                yield doc
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +380,25 @@ def test_a_device_plugin_allocation_is_withheld_from_dra(cluster: Cluster, agent
     uid = make_claim(cluster, "c1", "widget-npw1")  # as from a slice read before the Allocate
     got = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid)])).claims[uid]
     assert "in use through the device plugin" in got.error and agent.claim_specs() == []
+
+
+def test_the_agent_may_write_only_its_own_nodes_slices(cluster: Cluster, agent: Agent) -> None:
+    agent.mknod("npw0")
+    agent.start()  # under the service account of daemonset/, with a token bound to its node
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    other = cluster.api.node("dra-other", [], ["192.168.77.251"])["metadata"]
+    as_agent = Api(cluster.ns, CP_ADDR, 6443, token=cluster.token)
+    spec = {"driver": DRIVER, "nodeName": "dra-other", "pool": {"name": "dra-other", "generation": 1,
+            "resourceSliceCount": 1}, "devices": []}  # fmt: skip
+    forged = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
+              "metadata": {"name": "forged"}, "spec": spec}  # fmt: skip
+    try:
+        status, doc = as_agent.request("POST", "/apis/resource.k8s.io/v1beta1/resourceslices", forged)
+        assert status in (403, 422) and "may only write ResourceSlices of its own node" in json.dumps(doc), doc
+        spec = {**spec, "driver": "gpu.example.com", "nodeName": NODE, "pool": {**spec["pool"], "name": NODE}}
+        status, doc = as_agent.request("POST", "/apis/resource.k8s.io/v1beta1/resourceslices", {**forged, "spec": spec})
+        assert status in (403, 422) and "driver devices.nodeplug.io" in json.dumps(doc), doc
+        status, doc = as_agent.request("GET", f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims/x")
+        assert status == 404  # claims are readable (this one does not exist)
+    finally:
+        cluster.api.request("DELETE", f"/api/v1/nodes/{other['name']}")

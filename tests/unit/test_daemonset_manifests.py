@@ -50,6 +50,9 @@ CLUSTER_SCOPED = {
     "VolumeSnapshotClass",
     "PriorityClass",
     "CustomResourceDefinition",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 KUSTOMIZE_FEATURES = {"apiVersion", "kind", "resources", "configMapGenerator", "images"}
 
@@ -558,3 +561,29 @@ def test_rbac_binds_the_pods_service_account_without_wildcards_or_secrets(
     assert not {g for g in granted if g[1] in ("volumeattachments", "leases", "endpoints")}
     capacity = roles[("Role", "nodeplug-external-provisioner-capacity")]
     assert capacity["metadata"]["namespace"] == ns
+
+
+def test_dra_device_classes_rbac_and_policy(objs: list[dict[str, Any]], agent_config: AgentConfig) -> None:
+    from deviceplugin.dra.config import DRIVER_NAME
+
+    driver = agent_config.deviceplugin.dra.driver_name
+    assert driver == DRIVER_NAME
+    classes = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DeviceClass"}
+    assert set(classes) == {f"{r.name}.{driver}" for r in agent_config.deviceplugin.resources}
+    for r in agent_config.deviceplugin.resources:
+        (sel,) = classes[f"{r.name}.{driver}"]["spec"]["selectors"]
+        expr = " ".join(sel["cel"]["expression"].split())
+        assert f"device.driver == '{driver}'" in expr
+        assert f"device.attributes['{driver}'].resource == '{r.name}'" in expr
+    role = one(objs, "ClusterRole", "nodeplug-dra")
+    granted = {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+               for v in rule["verbs"]}  # fmt: skip
+    assert {("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceslices", "watch"),
+            ("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "update"),
+            ("resource.k8s.io", "resourceslices", "delete")} <= granted  # fmt: skip
+    assert not {g for g in granted if g[1] == "resourceclaims" and g[2] != "get"}, "claims are only read"
+    policy = one(objs, "ValidatingAdmissionPolicy", "nodeplug-dra-resourceslices")
+    assert any(driver in v["expression"] for v in policy["spec"]["validations"])
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", "nodeplug-dra-resourceslices")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
