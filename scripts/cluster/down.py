@@ -1,0 +1,210 @@
+"""scripts/cluster-down DIR: remove everything cluster-up made, whatever state the cluster is in; safe to repeat.
+
+Order: kubelet first (so nothing restarts containers), then every pod sandbox through containerd (CNI DEL, rootfs
+unmounted) while it still answers; then every process in the cluster's cgroups (daemons, shims, containers); the
+mounts under the node's paths (kubelet's bind mount of its own directory, volume mounts, pod network namespaces);
+loop devices backed by files under nodeplug's state or DIR; the network namespace (the pod bridge, veths and
+nftables rules go with it); the cgroups; the host paths cluster-up found absent. The logs in DIR/logs stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from cluster.common import (
+    CGROUP,
+    HOST_VETH,
+    KUBELET_DIR,
+    LOCK,
+    NETNS,
+    RUN,
+    ClusterError,
+    State,
+    lock_holder,
+    log,
+    run,
+)  # fmt: skip
+from cluster.node import alive, cgroup_roots, stop
+
+# Where the node mounts things: everything mounted below these (and they themselves) is the cluster's.
+MOUNT_ROOTS = [KUBELET_DIR, Path("/var/lib/nodeplug"), Path("/run/nodeplug"), RUN]
+
+
+def _pids_in(cgroup: Path) -> set[int]:
+    pids: set[int] = set()
+    if not cgroup.exists():
+        return pids
+    for procs in cgroup.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError):
+            pids |= {int(x) for x in procs.read_text().split()}
+    return pids
+
+
+def cluster_pids(state: State) -> set[int]:
+    pids: set[int] = set()
+    for root in cgroup_roots():
+        pids |= _pids_in(root / CGROUP)
+    for cg in state.list("cgroups"):
+        if Path(cg).name == "kubepods":
+            pids |= _pids_in(Path(cg))
+    pids.discard(os.getpid())
+    return pids
+
+
+def _netns_inodes(pids: set[int]) -> set[int]:
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            inodes.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+    return inodes
+
+
+def _mountinfo() -> list[tuple[str, str, str]]:
+    """(mount point, root, filesystem type) per mount."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            out.append((fields[4].replace("\\040", " "), fields[3], fields[sep + 1]))
+    return out
+
+
+def remove_pods(state: State) -> None:
+    crictl = Path(str(state.data.get("bin", ""))) / "crictl"
+    sock = RUN / "containerd.sock"
+    if not crictl.exists() or not sock.exists():
+        return
+    with contextlib.suppress(ClusterError):
+        run([crictl, f"--runtime-endpoint=unix://{sock}", "--timeout=20s", "rmp", "--all", "--force"], timeout=90)
+
+
+def kill_all(state: State) -> None:
+    pids = state.data.get("pids", {})
+    assert isinstance(pids, dict)
+    for name in ("kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        pid = pids.get(name)
+        if isinstance(pid, int) and alive(pid) and _in_cluster(pid):
+            stop(pid, 10 if name != "kubelet" else 2)
+    for _ in range(50):
+        left = cluster_pids(state)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    raise ClusterError(f"processes in the cluster's cgroups survive SIGKILL: {sorted(cluster_pids(state))}")
+
+
+def _in_cluster(pid: int) -> bool:
+    """The pid is still one of ours (in the cluster's cgroup), not a recycled number."""
+    try:
+        return any(f":/{CGROUP}" in line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def unmount_all(state: State, netns_inodes: set[int]) -> None:
+    roots = [*MOUNT_ROOTS, state.dir]
+    pod_netns = {f"net:[{i}]" for i in netns_inodes}
+    for _ in range(10):
+        mine = []
+        for point, root, fstype in _mountinfo():
+            p = Path(point)
+            under = any(p == r or r in p.parents for r in roots)
+            pod_ns = fstype == "nsfs" and p.parent == Path("/run/netns") and root in pod_netns
+            if under or pod_ns:
+                mine.append(point)
+        if not mine:
+            return
+        for point in sorted(set(mine), key=lambda x: x.count("/"), reverse=True):
+            if subprocess.run(["umount", point], capture_output=True, timeout=30, check=False).returncode != 0:
+                subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)
+            if Path(point).parent == Path("/run/netns"):
+                with contextlib.suppress(OSError):
+                    os.unlink(point)
+    raise ClusterError(f"mounts remain under {', '.join(map(str, roots))}")
+
+
+def detach_loops(state: State) -> None:
+    out = run(["losetup", "-J", "-l"], check=False).strip()
+    devices = json.loads(out).get("loopdevices", []) if out else []
+    prefixes = ("/var/lib/nodeplug/", f"{state.dir}/")
+    for d in devices:
+        back = str(d.get("back-file") or "").removesuffix(" (deleted)")
+        if back.startswith(prefixes) or d["name"] in state.list("loops"):
+            subprocess.run(["losetup", "-d", d["name"]], capture_output=True, timeout=30, check=False)
+
+
+def remove_cgroups(state: State) -> None:
+    dirs = [Path(c) for c in state.list("cgroups")]
+    for d in dirs:
+        if not d.exists():
+            continue
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+def remove_paths(state: State) -> None:
+    for p in sorted(state.list("created"), key=len, reverse=True):
+        path = Path(p)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    # What the nodeplug init container put into /opt/cni/bin when that directory was already there.
+    if "/opt/cni/bin" not in state.list("created"):
+        for name in ("nodeplug", "nodeplug.d"):
+            p = Path("/opt/cni/bin") / name
+            if p.is_symlink() or p.is_file():
+                p.unlink()
+            elif p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+    for d in ("containerd", "containerd-opt", "etcd", "volume-plugins", "btrfs.img"):
+        p = state.dir / d
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def teardown(cluster_dir: Path) -> None:
+    if not (cluster_dir / "state.json").exists():
+        log(f"{cluster_dir}: no cluster state here; nothing to do")
+        return
+    state = State(cluster_dir)
+    pids = state.data.get("pids", {})
+    assert isinstance(pids, dict)
+    kubelet = pids.get("kubelet")
+    if isinstance(kubelet, int) and alive(kubelet) and _in_cluster(kubelet):
+        stop(kubelet, 2)
+    remove_pods(state)
+    inodes = _netns_inodes(cluster_pids(state))
+    kill_all(state)
+    unmount_all(state, inodes)
+    detach_loops(state)
+    if state.data.get("netns"):
+        subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True, timeout=30, check=False)
+    subprocess.run(["ip", "link", "delete", HOST_VETH], capture_output=True, timeout=30, check=False)
+    remove_cgroups(state)
+    remove_paths(state)
+    keeper = state.data.get("keeper")
+    if isinstance(keeper, int) and alive(keeper) and Path(f"/proc/{keeper}/cmdline").read_bytes().startswith(b"sleep"):
+        stop(keeper, 1)
+    with contextlib.suppress(OSError):
+        if lock_holder().startswith(f"{cluster_dir} "):
+            LOCK.write_text("")
+    state.path.rename(cluster_dir / "state.down.json")
+    log(f"{cluster_dir}: cluster removed")

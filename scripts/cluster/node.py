@@ -1,0 +1,321 @@
+"""The node and its control plane: a network namespace of their own, cgroups to find every process again, the
+daemons' configurations, and starting them.
+
+Every daemon runs in the network namespace NETNS (only the host end of one veth pair is outside it): etcd on its
+127.0.0.1; the API server on 0.0.0.0 there, advertising NODE_ADDR; kubelet and containerd, so host-network pods (the
+nodeplug agent) share that namespace and the pod bridge, its masquerading rules and the stand-in for the
+``kubernetes`` Service all live and die there. The mount namespace is the host's: kubelet's directory, nodeplug's
+state and the CNI binaries are at their real paths, as on any node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from cluster.common import (
+    API_PORT,
+    CGROUP,
+    CLUSTER_CIDR,
+    CNI_CONF_DIR,
+    HOST_ADDR,
+    HOST_VETH,
+    NETNS,
+    NODE_ADDR,
+    NODE_VETH,
+    PREFIX,
+    RUN,
+    SERVICE_CIDR,
+    ClusterError,
+    State,
+    in_netns,
+    log,
+    run,
+)  # fmt: skip
+from cluster.images import PAUSE
+from cluster.pki import Pki
+
+FEATURES = "DynamicResourceAllocation=true"
+
+
+# ---------------------------------------------------------------- network namespace
+
+
+def make_netns(state: State) -> None:
+    run(["ip", "netns", "add", NETNS])
+    state.data["netns"] = NETNS
+    state.save()
+    run(["ip", "link", "add", HOST_VETH, "type", "veth", "peer", "name", NODE_VETH, "netns", NETNS])
+    run(["ip", "addr", "add", f"{HOST_ADDR}/{PREFIX}", "dev", HOST_VETH])
+    run(["ip", "link", "set", HOST_VETH, "up"])
+    run(["ip", "-n", NETNS, "link", "set", "lo", "up"])
+    run(["ip", "-n", NETNS, "addr", "add", f"{NODE_ADDR}/{PREFIX}", "dev", NODE_VETH])
+    run(["ip", "-n", NETNS, "link", "set", NODE_VETH, "up"])
+    # The route kubelet and the pod network take for "the node's default interface" (nothing answers beyond it).
+    run(["ip", "-n", NETNS, "route", "add", "default", "via", HOST_ADDR])
+    run(in_netns(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
+
+
+def service_standin(kubectl: list[str]) -> None:
+    """What kube-proxy would program for the ``kubernetes`` Service (there is no kube-proxy here): DNAT from its
+    ClusterIP and port to the endpoints its EndpointSlice lists, for pods (prerouting) and host-network pods
+    (output). Nothing else in the test cluster is reached through a Service."""
+    svc = json.loads(run([*kubectl, "-n", "default", "get", "service", "kubernetes", "-o", "json"]))
+    slices = json.loads(run([*kubectl, "-n", "default", "get", "endpointslices", "-l",
+                             "kubernetes.io/service-name=kubernetes", "-o", "json"]))  # fmt: skip
+    ip = svc["spec"]["clusterIP"]
+    port = next(p for p in svc["spec"]["ports"] if p["name"] == "https")["port"]
+    eps = [(a, p["port"]) for s in slices["items"] for e in s.get("endpoints", []) for a in e["addresses"]
+           for p in s.get("ports", []) if p.get("name") == "https"]  # fmt: skip
+    if len(eps) != 1:  # one API server here; kube-proxy would balance over several
+        raise ClusterError(f"the kubernetes Service: expected one endpoint, got {eps or 'none'}")
+    rule = f"ip daddr {ip} tcp dport {port} dnat to {eps[0][0]}:{eps[0][1]}"
+    script = (
+        "table ip nodeplug-cluster-services {\n"
+        f"  chain prerouting {{ type nat hook prerouting priority dstnat; {rule}; }}\n"
+        f"  chain output {{ type nat hook output priority -100; {rule}; }}\n"
+        "}\n"
+    )
+    run(in_netns(["nft", "-f", "-"]), input=script)
+
+
+# ---------------------------------------------------------------- cgroups
+
+
+def cgroup_roots() -> list[Path]:
+    """The hierarchies the daemons' cgroup lives in: pids and freezer on cgroup v1, the unified one on v2."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():
+        return [base]
+    return [base / h for h in ("pids", "freezer") if (base / h / "cgroup.procs").exists()]
+
+
+def make_cgroups(state: State) -> None:
+    for root in cgroup_roots():
+        d = root / CGROUP
+        d.mkdir(exist_ok=True)
+        state.add("cgroups", str(d))
+    # kubelet (cgroupfs driver) puts pods under /kubepods in every hierarchy; record those it will create.
+    for h in Path("/sys/fs/cgroup").iterdir():
+        if (h / "cgroup.procs").exists() and not (h / "kubepods").exists():
+            state.add("cgroups", str(h / "kubepods"))
+
+
+def _join_cgroup() -> None:
+    for root in cgroup_roots():
+        (root / CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+
+
+# ---------------------------------------------------------------- daemons
+
+
+def start(state: State, name: str, argv: list[str | Path], env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in the cluster's network namespace and cgroup; its output goes to DIR/logs/NAME.log."""
+    logs = state.dir / "logs"
+    logs.mkdir(exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as out:
+        p = subprocess.Popen(
+            in_netns(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, preexec_fn=_join_cgroup,
+        )  # fmt: skip
+    pids = state.data.setdefault("pids", {})
+    assert isinstance(pids, dict)
+    pids[name] = p.pid
+    state.save()
+    time.sleep(0.2)
+    if p.poll() is not None:
+        raise ClusterError(f"{name} exited at once ({p.returncode}); see {logs / f'{name}.log'}")
+    return p.pid
+
+
+def keep_lock(state: State, fd: int) -> None:
+    """Leave a process holding the machine-wide lock until cluster-down ends it."""
+    p = subprocess.Popen(["sleep", "infinity"], pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    state.data["keeper"] = p.pid
+    state.save()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop(pid: int, grace: float) -> None:
+    with_signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.05)
+    with_signal(pid, signal.SIGKILL)
+
+
+def with_signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+# ---------------------------------------------------------------- control plane
+
+
+def start_apiserver(state: State, bins: dict[str, Path], pki: Pki) -> None:
+    d = state.dir
+    start(state, "etcd", [
+        bins["etcd"], "--name=nodeplug", f"--data-dir={d / 'etcd'}",
+        "--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
+        "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        "--initial-cluster=nodeplug=http://127.0.0.1:2380", "--listen-metrics-urls=http://127.0.0.1:2381",
+    ])  # fmt: skip
+    start(state, "kube-apiserver", [
+        bins["kube-apiserver"], "--etcd-servers=http://127.0.0.1:2379",
+        "--bind-address=0.0.0.0", f"--secure-port={API_PORT}", f"--advertise-address={NODE_ADDR}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", f"--cert-dir={d / 'pki'}",
+        f"--tls-cert-file={pki.cert('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
+        f"--client-ca-file={pki.ca}", f"--token-auth-file={pki.tokens}",
+        f"--requestheader-client-ca-file={pki.ca}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
+        f"--proxy-client-key-file={pki.key('front-proxy-client')}",
+        f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+        f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.dir / 'sa.pub'}", f"--service-account-signing-key-file={pki.key('sa')}",
+        "--allow-privileged=true", f"--feature-gates={FEATURES}", "--runtime-config=resource.k8s.io/v1beta1=true",
+        "--profiling=false",
+    ])  # fmt: skip
+
+
+def start_controllers(state: State, bins: dict[str, Path], pki: Pki) -> None:
+    """kube-controller-manager and kube-scheduler, once the API server serves (they exit when they cannot yet read
+    what RBAC's bootstrap grants them)."""
+    common = ["--kubeconfig={k}", "--authentication-kubeconfig={k}", "--authorization-kubeconfig={k}",
+              "--leader-elect=false", "--bind-address=127.0.0.1", f"--feature-gates={FEATURES}",
+              "--profiling=false"]  # fmt: skip
+    cm = str(pki.kubeconfig("controller-manager"))
+    start(state, "kube-controller-manager", [
+        bins["kube-controller-manager"], *[a.format(k=cm) for a in common], "--secure-port=10257",
+        f"--service-account-private-key-file={pki.key('sa')}", f"--root-ca-file={pki.ca}",
+        "--use-service-account-credentials=true", "--controllers=*",
+        "--allocate-node-cidrs=true", f"--cluster-cidr={CLUSTER_CIDR}", "--node-cidr-mask-size=24",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+    ])  # fmt: skip
+    sched = str(pki.kubeconfig("scheduler"))
+    start(
+        state, "kube-scheduler", [bins["kube-scheduler"], *[a.format(k=sched) for a in common], "--secure-port=10259"]
+    )
+
+
+# ---------------------------------------------------------------- containerd and kubelet
+
+
+def containerd_config(state: State, shim: Path) -> Path:
+    cfg = f"""version = 3
+root = "{state.dir / "containerd"}"
+state = "{RUN / "containerd"}"
+temp = "{RUN / "tmp"}"
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "{RUN / "containerd.sock"}"
+[ttrpc]
+  address = "{RUN / "containerd.sock.ttrpc"}"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{state.dir / "containerd-opt"}"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # This machine's root lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj.
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = "{shim}"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        Root = "{RUN / "runc"}"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
+    conf_dir = "{CNI_CONF_DIR}"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+"""
+    path = state.dir / "containerd.toml"
+    path.write_text(cfg)
+    return path
+
+
+def kubelet_config(state: State, pki: Pki) -> Path:
+    cfg = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "0.0.0.0",
+        "readOnlyPort": 0,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(pki.ca)}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{RUN / 'containerd.sock'}",
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "featureGates": {"DynamicResourceAllocation": True},
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        # The images were imported, not pulled: never collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "volumePluginDir": str(state.dir / "volume-plugins"),
+        "podLogsDir": "/var/log/pods",
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+    }  # fmt: skip
+    path = state.dir / "kubelet.json"
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def start_node(state: State, bins: dict[str, Path], pki: Pki) -> None:
+    for d in (RUN / "tmp", CNI_CONF_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    cfg = containerd_config(state, bins["containerd-shim-runc-v2"])
+    start(state, "containerd", [bins["containerd"], "--config", cfg])
+    sock = RUN / "containerd.sock"
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if time.monotonic() > deadline:
+            raise ClusterError(f"containerd: no socket within 30 s; see {state.dir / 'logs/containerd.log'}")
+        time.sleep(0.1)
+
+
+def import_images(bins: dict[str, Path], archives: list[Path]) -> None:
+    for a in archives:
+        run([bins["ctr"], "--address", RUN / "containerd.sock", "-n", "k8s.io", "images", "import", a], timeout=600)
+
+
+def start_kubelet(state: State, bins: dict[str, Path], pki: Pki, node_name: str) -> None:
+    log(f"starting kubelet (node {node_name})")
+    start(state, "kubelet", [
+        bins["kubelet"], f"--config={kubelet_config(state, pki)}", f"--kubeconfig={pki.kubeconfig('kubelet')}",
+        f"--node-ip={NODE_ADDR}", f"--hostname-override={node_name}", "--v=2",
+    ])  # fmt: skip

@@ -1,0 +1,218 @@
+"""scripts/cluster-up DIR: a one-node Kubernetes 1.32 cluster from KUBE_ASSETS with nodeplug deployed on it.
+
+Steps: take the machine-wide lock; build the images (cached); a network namespace for the node; certificates;
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the ``kubernetes`` Service stand-in; containerd
+(images imported) and kubelet; a btrfs filesystem on a loop device for the ``nodeplug-btrfs`` class; the snapshot
+CRDs and snapshot-controller; then ``kubectl apply -k`` of the test overlay over daemonset/ and ``rollout status``.
+Any failure tears down what was made (logs stay in DIR/logs) and exits non-zero. The last line printed is the
+kubeconfig's path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from cluster import assets, down, images, node, pki
+from cluster.common import (
+    CNI_CONF_DIR,
+    HOST_PATHS,
+    KUBE_ASSETS,
+    KUBELET_DIR,
+    NETNS,
+    REPO,
+    RUN,
+    SERVICE_CIDR,
+    ClusterError,
+    State,
+    log,
+    run,
+    take_lock,
+    wait_for,
+)  # fmt: skip
+
+OVERLAY = REPO / "tests" / "cluster" / "overlay"
+ADDONS = REPO / "tests" / "cluster" / "addons"
+BTRFS = Path("/var/lib/nodeplug/btrfs")
+BTRFS_SIZE = 2 << 30
+
+
+def node_name() -> str:
+    return socket.gethostname().split(".")[0].lower()
+
+
+def kubectl(state: State) -> list[str]:
+    return [str(state.data["kubectl"]), f"--kubeconfig={state.dir / 'kubeconfig'}"]
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("must run as root (kubelet, containerd, network namespaces, mounts)")
+    if absent := assets.missing():
+        raise ClusterError(f"KUBE_ASSETS={KUBE_ASSETS}: missing {', '.join(absent)}")
+    for tool in ("nsenter", "ip", "nft", "openssl", "podman", "mmdebstrap", "mkfs.btrfs", "losetup", "runc"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"{tool}: not installed (scripts/setup installs it)")
+    if Path(f"/run/netns/{NETNS}").exists() or RUN.exists():
+        raise ClusterError(
+            f"/run/netns/{NETNS} or {RUN} exists: a cluster was not taken down (scripts/cluster-down DIR)"
+        )
+    if KUBELET_DIR.exists():
+        raise ClusterError(f"{KUBELET_DIR} exists: another kubelet's or a cluster not taken down; remove it first")
+
+
+def record_host_paths(state: State) -> None:
+    """Note which host paths the node will create, so cluster-down removes exactly those."""
+    for p in HOST_PATHS:
+        if not p.exists():
+            state.add("created", str(p))
+
+
+def mount_of(path: Path) -> tuple[str, bool]:
+    """The mount point holding ``path`` and whether it propagates (shared)."""
+    best, shared = "/", False
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = fields[4]
+        if (path == Path(point) or Path(point) in path.parents) and len(point) >= len(best):
+            best, shared = point, any(f.startswith("shared:") for f in fields[6 : fields.index("-")])
+    return best, shared
+
+
+def share(state: State, path: Path) -> None:
+    """Make ``path`` a shared mount if the mount it is on is not, as systemd makes / on any usual node: containerd
+    lets a pod mount a host path with propagation (HostToContainer, Bidirectional) only from a shared mount. (kubelet
+    does the same to its own directory.)"""
+    path.mkdir(parents=True, exist_ok=True)
+    point, shared = mount_of(path)
+    if shared:
+        return
+    log(f"{path}: on {point}, a private mount; making it a shared mount of its own")
+    run(["mount", "--bind", path, path])
+    state.add("mounts", str(path))
+    run(["mount", "--make-rshared", path])
+
+
+def make_btrfs(state: State) -> None:
+    img = state.dir / "btrfs.img"
+    with open(img, "wb") as f:
+        f.truncate(BTRFS_SIZE)
+    dev = run(["losetup", "-f", "--show", img]).strip()
+    state.add("loops", dev)
+    run(["mkfs.btrfs", "-q", dev])
+    BTRFS.mkdir(parents=True, exist_ok=True)
+    run(["mount", dev, BTRFS])
+    state.add("mounts", str(BTRFS))
+
+
+def apply_addons(state: State) -> None:
+    k = kubectl(state)
+    run([*k, "apply", "-k", KUBE_ASSETS / "csi" / "crd"], timeout=120)
+    run([*k, "wait", "--for=condition=Established", "--timeout=60s", "crd/volumesnapshots.snapshot.storage.k8s.io",
+         "crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io"],
+        timeout=90)  # fmt: skip
+    run([*k, "apply", "-f", ADDONS / "snapshot-controller.yaml"])
+
+
+def deploy_nodeplug(state: State) -> None:
+    k = kubectl(state)
+    log("kubectl apply -k tests/cluster/overlay (daemonset/ with local images)")
+    run([*k, "apply", "-k", OVERLAY], timeout=120)
+    run([*k, "-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s"], timeout=200)
+    run([*k, "wait", "--for=condition=Ready", f"node/{state.data['node']}", "--timeout=120s"], timeout=150)
+    run([*k, "-n", "kube-system", "rollout", "status", "deployment/snapshot-controller", "--timeout=120s"],
+        timeout=150)  # fmt: skip
+
+
+def up(cluster_dir: Path) -> Path:
+    preflight()
+    lock = take_lock(cluster_dir)
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    if (cluster_dir / "state.json").exists():
+        raise ClusterError(f"{cluster_dir}/state.json exists: run scripts/cluster-down {cluster_dir} first")
+    state = State(cluster_dir)
+    state.data.update({"dir": str(cluster_dir), "node": node_name(), "cni_conf_dir": str(CNI_CONF_DIR)})
+    state.save()
+    node.keep_lock(state, lock)
+    os.close(lock)
+    try:
+        return _up(state)
+    except BaseException:
+        diagnose(state)
+        if os.environ.get("NODEPLUG_CLUSTER_KEEP") == "1":
+            log(f"cluster-up failed: left running for a look (NODEPLUG_CLUSTER_KEEP=1); logs in {cluster_dir / 'logs'}")
+            raise
+        log(f"cluster-up failed: tearing down (logs stay in {cluster_dir / 'logs'})")
+        down.teardown(cluster_dir)
+        raise
+
+
+def diagnose(state: State) -> None:
+    """What the cluster looked like when a step failed, into DIR/logs/cluster.txt (and the pods' logs)."""
+    if "kubectl" not in state.data or not (state.dir / "kubeconfig").exists():
+        return
+    k = kubectl(state)
+    out = []
+    for args in (
+        ["get", "nodes,pods", "-A", "-o", "wide"],
+        ["get", "events", "-A", "--sort-by=.lastTimestamp"],
+        ["-n", "nodeplug-system", "describe", "pods"],
+        ["-n", "nodeplug-system", "logs", "daemonset/nodeplug", "--all-containers", "--tail=200"],
+    ):
+        try:
+            out.append(f"$ kubectl {' '.join(args)}\n{run([*k, *args], timeout=30)}")
+        except ClusterError as e:
+            out.append(f"$ kubectl {' '.join(args)}\n{e}")
+    (state.dir / "logs").mkdir(exist_ok=True)
+    (state.dir / "logs" / "cluster.txt").write_text("\n".join(out))
+
+
+def _up(state: State) -> Path:
+    log(f"unpacking binaries from {KUBE_ASSETS}")
+    bins = assets.all_binaries()
+    state.data["bin"] = str(bins["kubectl"].parent)
+    state.data["kubectl"] = str(bins["kubectl"])
+    state.save()
+    archives = images.all_images()
+
+    record_host_paths(state)
+    RUN.mkdir(parents=True)
+    state.add("created", str(RUN))
+    node.make_netns(state)
+    node.make_cgroups(state)
+    service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
+    keys = pki.make(state.dir / "pki", str(state.data["node"]), service_ip)
+    shutil.copy(keys.kubeconfig("admin"), state.dir / "kubeconfig")
+
+    log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler")
+    node.start_apiserver(state, bins, keys)
+    k = kubectl(state)
+    wait_for("kube-apiserver /readyz", lambda: run([*k, "get", "--raw", "/readyz"]).strip() == "ok", 90,
+             state.dir / "logs" / "kube-apiserver.log")  # fmt: skip
+    node.start_controllers(state, bins, keys)
+    wait_for("the kubernetes Service's endpoints", lambda: _has_endpoints(k), 60)
+    node.service_standin(k)
+
+    log("starting containerd; importing images")
+    node.start_node(state, bins, keys)
+    node.import_images(bins, archives)
+    share(state, Path("/var/lib/nodeplug"))
+    make_btrfs(state)
+    node.start_kubelet(state, bins, keys, str(state.data["node"]))
+    wait_for(f"node {state.data['node']} registered", lambda: bool(run([*k, "get", "node", "-o", "name"]).strip()),
+             90, state.dir / "logs" / "kubelet.log")  # fmt: skip
+
+    apply_addons(state)
+    deploy_nodeplug(state)
+    state.data["ready"] = True
+    state.save()
+    return state.dir / "kubeconfig"
+
+
+def _has_endpoints(k: list[str]) -> bool:
+    out = json.loads(run([*k, "-n", "default", "get", "endpointslices", "-l", "kubernetes.io/service-name=kubernetes",
+                          "-o", "json"]))  # fmt: skip
+    return any(e.get("addresses") for s in out["items"] for e in s.get("endpoints", []))

@@ -1,0 +1,166 @@
+"""The cluster tier: nodeplug deployed with kubectl on a real one-node Kubernetes 1.32 cluster, used as users use it.
+
+One cluster for the whole tier (session scope), made and removed by the same scripts anyone runs by hand:
+``scripts/cluster-up DIR`` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and containerd
+from KUBE_ASSETS; the images built; ``kubectl apply -k tests/cluster/overlay``) and ``scripts/cluster-down DIR``,
+which runs even when a test fails. Each test works in a namespace of its own, deleted after it. The tier skips, with
+the reason, where the binaries or the tools are absent or when not root.
+
+To reproduce a failure by hand: ``scripts/cluster-up /tmp/c``, then ``KUBECONFIG=/tmp/c/kubeconfig`` and the
+kubectl in ``/tmp/c/state.json`` (``"kubectl"``); the daemons' logs are in ``/tmp/c/logs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+KUBE_ASSETS = Path(os.environ.get("KUBE_ASSETS", REPO.parent / "shared" / "kube"))
+CLUSTER_UP = REPO / "scripts" / "cluster-up"
+CLUSTER_DOWN = REPO / "scripts" / "cluster-down"
+OVERLAY = REPO / "tests" / "cluster" / "overlay"
+NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "containerd",
+          "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer", "csi-snapshotter",
+          "snapshot-controller"]  # fmt: skip
+TOOLS = ["podman", "mmdebstrap", "nsenter", "nft", "openssl", "runc", "mkfs.btrfs"]
+BUSYBOX = "localhost/nodeplug-test/busybox:1"
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: runs kubelet, containerd and a network namespace"
+    absent = [b for b in NEEDED if not (KUBE_ASSETS / f"{b}.xz").is_file()]
+    if absent:
+        return f"KUBE_ASSETS={KUBE_ASSETS} lacks {', '.join(absent)} (the Kubernetes binaries)"
+    tools = [t for t in TOOLS if shutil.which(t) is None]
+    if tools:
+        return f"not installed: {', '.join(tools)} (scripts/setup installs them)"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``cluster_last`` (the uninstall) run after the rest of the tier."""
+    items.sort(key=lambda i: i.get_closest_marker("cluster_last") is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster_last: runs after every other test of the cluster tier")
+
+
+class Cluster:
+    """The running cluster: kubectl with its kubeconfig, and waiting on objects."""
+
+    def __init__(self, cluster_dir: Path, kubeconfig: Path) -> None:
+        self.dir = cluster_dir
+        self.kubeconfig = kubeconfig
+        state = json.loads((cluster_dir / "state.json").read_text())
+        self.kubectl_bin = state["kubectl"]
+        self.node = state["node"]
+        self.cni_conf_dir = Path(state["cni_conf_dir"])
+        self.overlay = OVERLAY
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
+        argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
+        p = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout, check=False)
+        if check and p.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
+        return p.stdout
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def apply(self, ns: str, *objects: dict[str, Any]) -> None:
+        self.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
+
+    def wait(self, what: str, probe: Callable[[], bool], timeout: float = 120, explain: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if probe():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: not within {timeout:.0f} s {explain}")
+
+    def wait_running(self, ns: str, *pods: str, timeout: float = 120) -> None:
+        for pod in pods:
+            try:
+                self.kubectl("-n", ns, "wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={timeout:.0f}s",
+                             timeout=timeout + 30)  # fmt: skip
+            except AssertionError as e:
+                events = self.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
+                raise AssertionError(f"{e}\nevents in {ns}:\n{events}") from None
+
+    def exec(self, ns: str, pod: str, *cmd: str, timeout: float = 60) -> str:
+        return self.kubectl("-n", ns, "exec", pod, "--", *cmd, timeout=timeout)
+
+    def agent_pod(self) -> str:
+        pods = self.get("-n", "nodeplug-system", "pods", "-l", "app.kubernetes.io/name=nodeplug")["items"]
+        running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        assert len(running) == 1, f"expected one running agent pod, got {[p['metadata']['name'] for p in pods]}"
+        return running[0]
+
+    def rollout(self) -> None:
+        self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s", timeout=200)
+
+    @staticmethod
+    def pod(name: str, *command: str, **spec: Any) -> dict[str, Any]:
+        """A busybox pod running ``command`` (default: sleep until deleted); ``resources``, ``volumeMounts`` and
+        ``securityContext`` go to its container, the rest of ``spec`` to the pod."""
+        container: dict[str, Any] = {
+            "name": "app",
+            "image": BUSYBOX,
+            "imagePullPolicy": "Never",
+            "command": list(command) or ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+        }
+        for key in ("resources", "volumeMounts", "securityContext"):
+            if key in spec:
+                container[key] = spec.pop(key)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec},
+        }
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if reason := skip_reason():
+        pytest.skip(reason)
+    d = tmp_path_factory.mktemp("cluster")
+    started = time.monotonic()
+    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=1800, check=False)
+    try:
+        if p.returncode != 0:
+            pytest.fail(f"scripts/cluster-up failed ({p.returncode}):\n{p.stderr[-4000:]}\nlogs: {d / 'logs'}")
+        kubeconfig = Path(p.stdout.strip().splitlines()[-1])
+        print(f"\ncluster-up: {time.monotonic() - started:.0f} s")
+        yield Cluster(d, kubeconfig)
+    finally:
+        q = subprocess.run([str(CLUSTER_DOWN), str(d)], capture_output=True, text=True, timeout=600, check=False)
+        assert q.returncode == 0, f"scripts/cluster-down failed ({q.returncode}):\n{q.stderr}"
+
+
+@pytest.fixture
+def ns(cluster: Cluster) -> Iterator[str]:
+    """A namespace of the test's own, deleted (with everything in it) after the test."""
+    name = "t-" + secrets.token_hex(4)
+    cluster.kubectl("create", "namespace", name)
+    # The admission controller adds the default ServiceAccount asynchronously; pods need it.
+    cluster.wait("default ServiceAccount", lambda: bool(cluster.kubectl("-n", name, "get", "sa", "default",
+                                                                        check=False)), 30)  # fmt: skip
+    yield name
+    with contextlib.suppress(Exception):
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
