@@ -96,18 +96,14 @@ class SlicePublisher:
     async def _follow(self) -> None:
         async for ev in self.watch.events():
             if ev.type == "SYNCED":
-                self.published = {k: v for k, v in self.watch.cache.items()}
+                self.published = dict(self.watch.cache)
                 self.synced = True
             elif ev.type == "DELETED":
                 self.published.pop(ev.key, None)
             elif ev.obj is not None:
                 self.published[ev.key] = ev.obj
-            if (self.synced and ev.type != "SYNCED" and self._changed_by_others(ev.obj)) or ev.type == "SYNCED":
+            if self.synced:  # someone else's change, or our own write coming back: compare, write on a difference
                 self.kick()
-
-    def _changed_by_others(self, obj: Mapping[str, Any] | None) -> bool:
-        """Whether an event may make the published state differ from the desired one."""
-        return True  # cheap to check: reconcile compares and writes only on a difference
 
     # ------------------------------------------------------------ reconciling
 
@@ -179,7 +175,14 @@ class SlicePublisher:
         self.in_sync.set()
 
     async def remove_all(self) -> None:
-        """Delete every slice of this driver on this node that the watch has seen."""
-        for name in list(self.published):
+        """Delete every slice of this driver on this node (listed afresh: the watch may not have synced)."""
+        doc = await self.client.get_json(self.watch.path, self.watch.selectors)
+        names: set[str] = set()
+        for obj in doc.get("items") or ():
+            if isinstance(obj, dict) and (
+                o := slices.observe(obj, version=self.version, driver=self.driver, node=self.node)
+            ):
+                names.add(o.name)
+        for name in sorted(names | set(self.published)):
             await self.writer.delete(name)
             self.published.pop(name, None)
