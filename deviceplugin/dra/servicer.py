@@ -71,7 +71,11 @@ class Handler:
         await self._check(request.claims, context)
         results = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
         out = pb.NodePrepareResourcesResponse()
+        done: set[str] = set()
         for c, (devices, error) in zip(request.claims, results, strict=True):
+            if c.uid in done:  # the same claim twice in one request: one entry (the preparer did it once)
+                continue
+            done.add(c.uid)
             entry = out.claims[c.uid]
             if error:
                 entry.error = error
