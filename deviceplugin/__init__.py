@@ -9,5 +9,6 @@ Layers, each importing only those above it:
   DevicePlugin), :mod:`registration` (Register with kubelet), :mod:`metrics`;
 - lifecycle: :mod:`resource` (one resource: socket, registration, health loop), :mod:`plugin` (all resources,
   change detection, reload; ``create`` for the agent shell), :mod:`doctor`;
+- the DRA driver: :mod:`deviceplugin.dra` (on the same resources, started by :mod:`plugin` when enabled);
 - for tests, the benchmark and demos: :mod:`kubeletstub` (a kubelet stand-in), :mod:`testing` (fake host, harness).
 """
