@@ -169,4 +169,5 @@ def test_unprepare_after_an_agent_restart_cleans_up(
     cluster.kubectl("-n", ns, "delete", "pod", "user", "--wait=false")
     cluster.rollout()
     cluster.wait("pod gone", lambda: not cluster.kubectl("-n", ns, "get", "pod", "user", check=False), 180)
-    assert not spec.exists(), "the new agent unprepared the claim and removed its CDI spec"
+    # kubelet retries NodeUnprepareResources until the new agent has registered and answered it
+    cluster.wait("the new agent unprepared the claim and removed its CDI spec", lambda: not spec.exists(), 180)
