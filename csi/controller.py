@@ -38,6 +38,10 @@ SUPPORTED_MODES = frozenset(
         _Mode.SINGLE_NODE_MULTI_WRITER,
     }
 )
+# No EXPAND_VOLUME: expansion is node-only. Volumes live on one node, and external-resizer (one per cluster, or one
+# per node each offering every claim to its own agent) cannot tell which node's agent holds a volume; without the
+# capability it records the new size itself and kubelet, on the volume's node, calls NodeExpandVolume, which grows
+# the backing file or qgroup and then the filesystem. ControllerExpandVolume still answers callers that call it.
 CONTROLLER_CAPABILITIES = (
     _Cap.CREATE_DELETE_VOLUME,
     _Cap.LIST_VOLUMES,
@@ -45,7 +49,6 @@ CONTROLLER_CAPABILITIES = (
     _Cap.CREATE_DELETE_SNAPSHOT,
     _Cap.LIST_SNAPSHOTS,
     _Cap.CLONE_VOLUME,
-    _Cap.EXPAND_VOLUME,
     _Cap.GET_VOLUME,
     _Cap.GET_SNAPSHOT,
     _Cap.VOLUME_CONDITION,

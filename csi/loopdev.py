@@ -9,7 +9,9 @@ and its stderr.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -27,18 +29,54 @@ def _losetup(*args: str) -> str:
         raise Internal.from_command(e) from e
 
 
+LOOP_GET_STATUS64 = 0x4C05
+_LOOP_INFO64 = struct.Struct("=QQ")  # struct loop_info64 begins with lo_device, lo_inode (the backing file's)
+
+
+def _backing_id(device: str) -> tuple[int, int] | None:
+    """(device, inode) of the file ``device`` is attached to, from the kernel (LOOP_GET_STATUS64)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = fcntl.ioctl(fd, LOOP_GET_STATUS64, bytes(232))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    dev, ino = _LOOP_INFO64.unpack_from(info)
+    return int(dev), int(ino)
+
+
 def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
-    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run)."""
+    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run).
+
+    sysfs names the backing file by its path as seen through the mount it was opened through. When that mount is
+    gone (the agent's container, and with it its mount of the host's state directory, ended since: an agent
+    restart), the name is only the part below that mount (``/csi/volumes/<id>.img``); such a device is this file's
+    when the kernel says it is attached to this file's inode (same name first, so no other device is opened)."""
     want = os.path.realpath(backing)
     found = []
+    ident: tuple[int, int] | None = None
     for d in sys_block.glob("loop*"):
         try:
             back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
             ro = (d / "ro").read_text().strip() == "1"
         except OSError:
             continue
-        if back == want:
-            found.append((f"/dev/{d.name}", ro))
+        if back != want:
+            if not want.endswith(back) or os.path.basename(back) != os.path.basename(want):
+                continue
+            if ident is None:
+                try:
+                    st = os.stat(want)
+                except OSError:
+                    continue
+                ident = (st.st_dev, st.st_ino)
+            if _backing_id(f"/dev/{d.name}") != ident:
+                continue
+        found.append((f"/dev/{d.name}", ro))
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 

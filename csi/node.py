@@ -234,6 +234,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         limit = request.capacity_range.limit_bytes if request.HasField("capacity_range") else 0
         if required < 0 or limit < 0 or (limit and required > limit):
             raise InvalidArgument("capacity_range: expected 0 <= required_bytes <= limit_bytes")
+        # Expansion is node-only (see CONTROLLER_CAPABILITIES): the backing file or qgroup grows here first (never
+        # shrinks; nothing to do when it already has the size), then the filesystem.
+        if required:
+            await asyncio.to_thread(self.host.manager.expand_volume, volume_id, required, limit)
         size = await self._locked(volume_id, lambda: self.host.expand(volume_id, path, kind, required))
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 

@@ -428,7 +428,7 @@ class NodeHost:
         v = self.volume(volume_id)
         rec, _ = self._where(v, path)
         if v.is_subvolume:
-            return max(v.capacity_bytes, required)  # the qgroup limit was raised by ControllerExpandVolume
+            return max(v.capacity_bytes, required)  # the qgroup limit was raised with the volume's record
         device = loopdev.rw_device(self.backing(v))
         if device is None:
             raise FailedPrecondition(f"volume {v.volume_id} has no loop device; stage it again")
@@ -436,7 +436,7 @@ class NodeHost:
         size = mounts.block_size(device)
         if required and size < required:
             raise OutOfRange(
-                f"volume {v.volume_id} is {size} bytes, less than {required}; call ControllerExpandVolume first"
+                f"volume {v.volume_id} is {size} bytes, less than {required}; its backing file did not grow"
             )
         if v.is_block or kind == "block":
             return size

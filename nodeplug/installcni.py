@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeplug import commands
+from nodeplug import cninetwork, commands
 from nodeplug.fsutil import fsync_dir, write_atomic
 from nodeplug.paths import CNI_BIN_DIR, CNI_CONF_DIR, Root
 
@@ -334,8 +334,9 @@ def install_conflist(
     return True
 
 
-def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
-    """Remove the symlink, nodeplug.d/ and our conflist; leave anything that is not ours (and say so)."""
+def uninstall(layout: Layout, say: Callable[[str], None] = print, network: bool = False) -> bool:
+    """Remove the symlink, nodeplug.d/ and our conflist; leave anything that is not ours (and say so). With
+    ``network`` (this node's own paths, not a --root), also the network's bridge and masquerade table if unused."""
     _remove_leftovers(layout)
     changed = False
     try:
@@ -352,7 +353,10 @@ def uninstall(layout: Layout, say: Callable[[str], None] = print) -> bool:
         say(f"removed {layout.bundles}")
         changed = True
     if layout.conflist.exists():
-        if is_ours(_read_conflist(layout.conflist)):
+        conf = _read_conflist(layout.conflist)
+        if is_ours(conf):
+            if network:
+                cninetwork.remove_unused(conf, DEFAULT_BRIDGE, say)
             layout.conflist.unlink()
             say(f"removed {layout.conflist}")
             changed = True
@@ -419,7 +423,7 @@ def _layout(args: argparse.Namespace) -> Layout:
 def run_install(args: argparse.Namespace) -> int:
     layout = _layout(args)
     if args.uninstall:
-        uninstall(layout)
+        uninstall(layout, network=args.root.resolve() == Path("/"))
         return 0
     conf: dict[str, Any] | None = None
     if not args.skip_conflist:

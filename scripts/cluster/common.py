@@ -47,6 +47,7 @@ HOST_PATHS = [
     Path("/opt/cni"),
     Path("/var/log/containers"),
     Path("/var/log/pods"),
+    Path("/run/containerd"),  # containerd 2 keeps its shims' sockets in /run/containerd/s whatever its state dir
 ]
 CNI_CONF_DIR = RUN / "cni" / "net.d"  # the node's CNI configuration directory (see tests/cluster/overlay)
 
@@ -133,13 +134,24 @@ class State:
 
 
 def take_lock(cluster_dir: Path) -> int:
-    """Take the machine-wide cluster lock (non-blocking) and return its file descriptor; name the holder if taken."""
+    """Take the machine-wide cluster lock and return its file descriptor. While another cluster holds it, wait up to
+    NODEPLUG_CLUSTER_LOCK_WAIT seconds (default 0), then fail naming the holder."""
     LOCK.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = Path(LOCK).read_text().strip() or "another cluster"
+    deadline = time.monotonic() + float(os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "0"))
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = Path(LOCK).read_text().strip() or "another cluster"
+            if time.monotonic() < deadline:
+                if not said:
+                    log(f"waiting for the machine's cluster lock, held by {holder}")
+                    said = True
+                time.sleep(2)
+                continue
         os.close(fd)
         raise ClusterError(
             f"a local cluster is already running on this machine ({holder}); only one kubelet can run per machine: "

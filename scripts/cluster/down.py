@@ -78,9 +78,9 @@ def _mountinfo() -> list[tuple[str, str, str]]:
 
 
 def remove_pods(state: State) -> None:
-    crictl = Path(str(state.data.get("bin", ""))) / "crictl"
+    crictl = str(state.data.get("crictl", ""))
     sock = RUN / "containerd.sock"
-    if not crictl.exists() or not sock.exists():
+    if not crictl or not Path(crictl).is_file() or not sock.exists():
         return
     with contextlib.suppress(ClusterError):
         run([crictl, f"--runtime-endpoint=unix://{sock}", "--timeout=20s", "rmp", "--all", "--force"], timeout=90)
@@ -93,15 +93,16 @@ def kill_all(state: State) -> None:
         pid = pids.get(name)
         if isinstance(pid, int) and alive(pid) and _in_cluster(pid):
             stop(pid, 10 if name != "kubelet" else 2)
+    keeper = state.data.get("keeper")
     for _ in range(50):
-        left = cluster_pids(state)
+        left = cluster_pids(state) - {keeper}
         if not left:
             return
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    raise ClusterError(f"processes in the cluster's cgroups survive SIGKILL: {sorted(cluster_pids(state))}")
+    raise ClusterError(f"processes in the cluster's cgroups survive SIGKILL: {sorted(cluster_pids(state) - {keeper})}")
 
 
 def _in_cluster(pid: int) -> bool:
@@ -135,12 +136,22 @@ def unmount_all(state: State, netns_inodes: set[int]) -> None:
 
 
 def detach_loops(state: State) -> None:
-    out = run(["losetup", "-J", "-l"], check=False).strip()
+    """Loop devices over files under nodeplug's state or DIR: by path, or by the file's inode (a device attached
+    from the agent's container names its file below that container's mount, gone with it)."""
+    out = run(["losetup", "-J", "-l", "-O", "NAME,BACK-FILE,BACK-INO,BACK-MAJ:MIN"], check=False).strip()
     devices = json.loads(out).get("loopdevices", []) if out else []
     prefixes = ("/var/lib/nodeplug/", f"{state.dir}/")
+    ours = set()
+    for top in (Path("/var/lib/nodeplug"), state.dir):
+        for f in top.rglob("*") if top.is_dir() else []:
+            with contextlib.suppress(OSError):
+                st = f.lstat()
+                ours.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
     for d in devices:
         back = str(d.get("back-file") or "").removesuffix(" (deleted)")
-        if back.startswith(prefixes) or d["name"] in state.list("loops"):
+        major, _, minor = str(d.get("back-maj:min") or "-1:-1").partition(":")
+        ident = (int(major), int(minor), int(str(d.get("back-ino") or -1)))
+        if back.startswith(prefixes) or ident in ours or d["name"] in state.list("loops"):
             subprocess.run(["losetup", "-d", d["name"]], capture_output=True, timeout=30, check=False)
 
 
@@ -200,9 +211,11 @@ def teardown(cluster_dir: Path) -> None:
     subprocess.run(["ip", "link", "delete", HOST_VETH], capture_output=True, timeout=30, check=False)
     remove_cgroups(state)
     remove_paths(state)
+    # Last: the lock keeper (in the cluster's cgroup, which it leaves empty behind it).
     keeper = state.data.get("keeper")
-    if isinstance(keeper, int) and alive(keeper) and Path(f"/proc/{keeper}/cmdline").read_bytes().startswith(b"sleep"):
+    if isinstance(keeper, int) and alive(keeper) and _in_cluster(keeper):
         stop(keeper, 1)
+    remove_cgroups(state)
     with contextlib.suppress(OSError):
         if lock_holder().startswith(f"{cluster_dir} "):
             LOCK.write_text("")

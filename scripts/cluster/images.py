@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 import tomllib
@@ -40,11 +39,9 @@ PAUSE = f"{IMAGE_PREFIX}/pause:1"
 SIDECARS = {
     b: f"{IMAGE_PREFIX}/{b}:1" for b in ("csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller")
 }
-# The base is of this machine's Debian release, so its Python is this machine's python3 (whose version names the
-# shared library PyInstaller needs; python:3.11-slim has it built in).
-PY_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
-BASE_PACKAGES = ["python3", "python3-pip", "python3-venv", "python-is-python3", f"libpython{PY_VERSION}",
-                 "ca-certificates"]  # fmt: skip
+# What python:3.11-slim gives the Dockerfile: python and pip on PATH, and the shared libpython PyInstaller needs
+# (libpython3-dev brings the release's libpython3.X).
+BASE_PACKAGES = ["python3", "python3-pip", "python3-venv", "python-is-python3", "libpython3-dev", "ca-certificates"]
 
 
 def podman_env() -> dict[str, str]:

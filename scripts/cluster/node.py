@@ -96,6 +96,7 @@ def cgroup_roots() -> list[Path]:
 
 
 def make_cgroups(state: State) -> None:
+    """The daemons' cgroup (and so the lock keeper's: a cluster whose DIR was lost is still found and ended)."""
     for root in cgroup_roots():
         d = root / CGROUP
         d.mkdir(exist_ok=True)
@@ -136,7 +137,7 @@ def start(state: State, name: str, argv: list[str | Path], env: dict[str, str] |
 def keep_lock(state: State, fd: int) -> None:
     """Leave a process holding the machine-wide lock until cluster-down ends it."""
     p = subprocess.Popen(["sleep", "infinity"], pass_fds=[fd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                         stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_join_cgroup)  # fmt: skip
     state.data["keeper"] = p.pid
     state.save()
 
@@ -206,6 +207,7 @@ def start_controllers(state: State, bins: dict[str, Path], pki: Pki) -> None:
         bins["kube-controller-manager"], *[a.format(k=cm) for a in common], "--secure-port=10257",
         f"--service-account-private-key-file={pki.key('sa')}", f"--root-ca-file={pki.ca}",
         "--use-service-account-credentials=true", "--controllers=*",
+        f"--flex-volume-plugin-dir={state.dir / 'volume-plugins'}",  # not /usr/libexec/kubernetes on the host
         "--allocate-node-cidrs=true", f"--cluster-cidr={CLUSTER_CIDR}", "--node-cidr-mask-size=24",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
     ])  # fmt: skip
@@ -285,6 +287,8 @@ def kubelet_config(state: State, pki: Pki) -> Path:
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
+        # Online volume expansion happens when kubelet next syncs the pod: every 10 s here, not every minute.
+        "syncFrequency": "10s",
         "volumePluginDir": str(state.dir / "volume-plugins"),
         "podLogsDir": "/var/log/pods",
         "rotateCertificates": False,

@@ -1,6 +1,6 @@
 """scripts/cluster-up DIR: a one-node Kubernetes 1.32 cluster from KUBE_ASSETS with nodeplug deployed on it.
 
-Steps: take the machine-wide lock; build the images (cached); a network namespace for the node; certificates;
+Steps: build the images (cached); take the machine-wide lock; a network namespace for the node; certificates;
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the ``kubernetes`` Service stand-in; containerd
 (images imported) and kubelet; a btrfs filesystem on a loop device for the ``nodeplug-btrfs`` class; the snapshot
 CRDs and snapshot-controller; then ``kubectl apply -k`` of the test overlay over daemonset/ and ``rollout status``.
@@ -56,6 +56,10 @@ def preflight() -> None:
     for tool in ("nsenter", "ip", "nft", "openssl", "podman", "mmdebstrap", "mkfs.btrfs", "losetup", "runc"):
         if shutil.which(tool) is None:
             raise ClusterError(f"{tool}: not installed (scripts/setup installs it)")
+
+
+def leftovers() -> None:
+    """A cluster not taken down leaves these (checked while holding the lock: another cluster's are not leftovers)."""
     if Path(f"/run/netns/{NETNS}").exists() or RUN.exists():
         raise ClusterError(
             f"/run/netns/{NETNS} or {RUN} exists: a cluster was not taken down (scripts/cluster-down DIR)"
@@ -117,10 +121,34 @@ def apply_addons(state: State) -> None:
     run([*k, "apply", "-f", ADDONS / "snapshot-controller.yaml"])
 
 
+BTRFS_OFF = "  btrfs:\n    enabled: false\n"
+
+
+def write_overlay(state: State) -> Path:
+    """DIR/overlay: tests/cluster/overlay (daemonset/ with the local images) and the base's agent config with
+    csi.btrfs on the node's btrfs filesystem, so the config is always the base's of this tree."""
+    base = (REPO / "daemonset" / "agent.yaml").read_text()
+    if base.count(BTRFS_OFF) != 1:
+        raise ClusterError(f"daemonset/agent.yaml: expected one {BTRFS_OFF.strip()!r} block under csi to switch on")
+    out = state.dir / "overlay"
+    out.mkdir(exist_ok=True)
+    (out / "agent.yaml").write_text(base.replace(BTRFS_OFF, f"  btrfs:\n    enabled: true\n    path: {BTRFS}\n"))
+    (out / "kustomization.yaml").write_text(
+        "# scripts/cluster-up: the test overlay, and the agent config with the node's btrfs filesystem.\n"
+        f"resources:\n  - {os.path.relpath(OVERLAY, out)}\n"
+        "configMapGenerator:\n  - name: nodeplug-config\n    namespace: nodeplug-system\n    behavior: replace\n"
+        "    files: [agent.yaml]\n"
+    )
+    state.data["overlay"] = str(out)
+    state.save()
+    return out
+
+
 def deploy_nodeplug(state: State) -> None:
     k = kubectl(state)
-    log("kubectl apply -k tests/cluster/overlay (daemonset/ with local images)")
-    run([*k, "apply", "-k", OVERLAY], timeout=120)
+    overlay = write_overlay(state)
+    log(f"kubectl apply -k {overlay} (tests/cluster/overlay: daemonset/ with local images; btrfs on)")
+    run([*k, "apply", "-k", overlay], timeout=120)
     run([*k, "-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s"], timeout=200)
     run([*k, "wait", "--for=condition=Ready", f"node/{state.data['node']}", "--timeout=120s"], timeout=150)
     run([*k, "-n", "kube-system", "rollout", "status", "deployment/snapshot-controller", "--timeout=120s"],
@@ -129,17 +157,23 @@ def deploy_nodeplug(state: State) -> None:
 
 def up(cluster_dir: Path) -> Path:
     preflight()
+    # Binaries and images first: they need no lock (podman serialises its own storage), and are ready when it comes.
+    log(f"unpacking binaries from {KUBE_ASSETS}")
+    bins = assets.all_binaries()
+    archives = images.all_images()
     lock = take_lock(cluster_dir)
+    leftovers()
     cluster_dir.mkdir(parents=True, exist_ok=True)
     if (cluster_dir / "state.json").exists():
         raise ClusterError(f"{cluster_dir}/state.json exists: run scripts/cluster-down {cluster_dir} first")
     state = State(cluster_dir)
     state.data.update({"dir": str(cluster_dir), "node": node_name(), "cni_conf_dir": str(CNI_CONF_DIR)})
     state.save()
-    node.keep_lock(state, lock)
-    os.close(lock)
     try:
-        return _up(state)
+        node.make_cgroups(state)
+        node.keep_lock(state, lock)
+        os.close(lock)
+        return _up(state, bins, archives)
     except BaseException:
         diagnose(state)
         if os.environ.get("NODEPLUG_CLUSTER_KEEP") == "1":
@@ -170,19 +204,16 @@ def diagnose(state: State) -> None:
     (state.dir / "logs" / "cluster.txt").write_text("\n".join(out))
 
 
-def _up(state: State) -> Path:
-    log(f"unpacking binaries from {KUBE_ASSETS}")
-    bins = assets.all_binaries()
-    state.data["bin"] = str(bins["kubectl"].parent)
+def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     state.data["kubectl"] = str(bins["kubectl"])
+    state.data["crictl"] = str(bins["crictl"])
+    state.data["containerd_socket"] = str(RUN / "containerd.sock")
     state.save()
-    archives = images.all_images()
 
     record_host_paths(state)
     RUN.mkdir(parents=True)
     state.add("created", str(RUN))
     node.make_netns(state)
-    node.make_cgroups(state)
     service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
     keys = pki.make(state.dir / "pki", str(state.data["node"]), service_ip)
     shutil.copy(keys.kubeconfig("admin"), state.dir / "kubeconfig")

@@ -7,7 +7,8 @@ which runs even when a test fails. Each test works in a namespace of its own, de
 the reason, where the binaries or the tools are absent or when not root.
 
 To reproduce a failure by hand: ``scripts/cluster-up /tmp/c``, then ``KUBECONFIG=/tmp/c/kubeconfig`` and the
-kubectl in ``/tmp/c/state.json`` (``"kubectl"``); the daemons' logs are in ``/tmp/c/logs``.
+kubectl in ``/tmp/c/state.json`` (``"kubectl"``); the daemons' logs are in ``/tmp/c/logs``. With
+``NODEPLUG_TEST_CLUSTER=/tmp/c`` the tier runs on that cluster and leaves it running.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 KUBE_ASSETS = Path(os.environ.get("KUBE_ASSETS", REPO.parent / "shared" / "kube"))
 CLUSTER_UP = REPO / "scripts" / "cluster-up"
 CLUSTER_DOWN = REPO / "scripts" / "cluster-down"
-OVERLAY = REPO / "tests" / "cluster" / "overlay"
 NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "containerd",
           "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer", "csi-snapshotter",
           "snapshot-controller"]  # fmt: skip
@@ -69,7 +70,10 @@ class Cluster:
         self.kubectl_bin = state["kubectl"]
         self.node = state["node"]
         self.cni_conf_dir = Path(state["cni_conf_dir"])
-        self.overlay = OVERLAY
+        self.netns = state["netns"]
+        self.crictl = state["crictl"]
+        self.containerd_socket = state["containerd_socket"]
+        self.overlay = Path(state["overlay"])  # tests/cluster/overlay with the node's agent config
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
         argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
@@ -136,12 +140,19 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if reason := skip_reason():
         pytest.skip(reason)
-    d = tmp_path_factory.mktemp("cluster")
+    if existing := os.environ.get("NODEPLUG_TEST_CLUSTER"):  # a cluster made by hand with scripts/cluster-up DIR
+        yield Cluster(Path(existing), Path(existing) / "kubeconfig")
+        return
+    # Not under pytest's temporary directory: every pytest session on the machine prunes old ones, and this one
+    # holds the cluster's state while it runs. Removed after a clean teardown; kept (with its logs) after a failure.
+    d = Path(tempfile.mkdtemp(prefix="nodeplug-cluster-", dir="/var/tmp"))
     started = time.monotonic()
-    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=1800, check=False)
+    # Another cluster on the machine (only one kubelet per machine): wait for it rather than fail.
+    env = {**os.environ, "NODEPLUG_CLUSTER_LOCK_WAIT": os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "1800")}
+    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=3600, check=False, env=env)
     try:
         if p.returncode != 0:
             pytest.fail(f"scripts/cluster-up failed ({p.returncode}):\n{p.stderr[-4000:]}\nlogs: {d / 'logs'}")
@@ -151,6 +162,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         q = subprocess.run([str(CLUSTER_DOWN), str(d)], capture_output=True, text=True, timeout=600, check=False)
         assert q.returncode == 0, f"scripts/cluster-down failed ({q.returncode}):\n{q.stderr}"
+        # Besides what the session's leak check compares (mounts, network namespaces, links, loop devices): the
+        # cgroups (removable only once no process is left in them) and the node's directories.
+        left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
+            "*/nodeplug-cluster"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
+        assert not left, f"scripts/cluster-down left {left}"
+        if request.session.testsfailed:
+            print(f"\ncluster state and logs kept in {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

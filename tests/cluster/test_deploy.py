@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conftest import Cluster  # the fixture's type (tests/cluster/conftest.py)
+    from .conftest import Cluster  # the fixture's type
 
 
 def test_apply_and_rollout_status(cluster: Cluster) -> None:
@@ -24,8 +24,10 @@ def test_apply_and_rollout_status(cluster: Cluster) -> None:
 
 
 def test_the_node_gets_devices_the_driver_and_the_network(cluster: Cluster) -> None:
+    # kubelet reports a device plugin's devices with its next node status (every 10 s).
+    cluster.wait("nodeplug.io/fuse allocatable", lambda: cluster.get("node", cluster.node)["status"]["allocatable"]
+                 .get("nodeplug.io/fuse") == "16", 60)  # fmt: skip
     node = cluster.get("node", cluster.node)
-    assert node["status"]["allocatable"].get("nodeplug.io/fuse") == "16"
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True", ready
     csinode = cluster.get("csinode", cluster.node)

@@ -499,7 +499,14 @@ def test_sidecars_reach_the_drivers_socket_and_run_on_every_node(
         mount = next(m for m in c["volumeMounts"] if address.is_relative_to(m["mountPath"]))
         host = PurePosixPath(vols[mount["name"]]["hostPath"]["path"]) / address.relative_to(mount["mountPath"])
         assert host == socket, f"{name} dials {host}, the driver serves {socket}"
+    for name in ("csi-provisioner", "csi-snapshotter"):
+        c = container(pod, name)
         assert not any(a.startswith("--leader-election") for a in c["args"]), f"{name}: one per node, no election"
+    # Expansion is node-only (no controller EXPAND_VOLUME): the resizer needs no node of its own, so one is elected.
+    node_only = csi_pb2.ControllerServiceCapability.RPC.EXPAND_VOLUME not in csi_controller.CONTROLLER_CAPABILITIES
+    assert node_only
+    resizer = container(pod, "csi-resizer")["args"]
+    assert "--leader-election=true" in resizer and "--leader-election-namespace=nodeplug-system" in resizer
     for name in ("csi-provisioner", "csi-snapshotter"):
         c = container(pod, name)
         assert "--node-deployment=true" in c["args"], name
@@ -557,8 +564,10 @@ def test_rbac_binds_the_pods_service_account_without_wildcards_or_secrets(
         ("", "events", "create"),
     }
     assert needed <= granted, needed - granted
-    # Not needed: no attacher, no leader election.
-    assert not {g for g in granted if g[1] in ("volumeattachments", "leases", "endpoints")}
+    # Not needed: no attacher; leader election for the resizer only, in the driver's namespace only.
+    assert not {g for g in granted if g[1] in ("volumeattachments", "endpoints")}
+    leases = [(k, r) for k, r in roles.items() for rule in r["rules"] if "leases" in rule["resources"]]
+    assert [(k, r["metadata"]["namespace"]) for k, r in leases] == [(("Role", "nodeplug-external-resizer-leader"), ns)]
     capacity = roles[("Role", "nodeplug-external-provisioner-capacity")]
     assert capacity["metadata"]["namespace"] == ns
 
