@@ -1,7 +1,9 @@
 """The DRA driver on a real Kubernetes 1.32 node: kubelet, scheduler and controller-manager allocate and prepare
 claims against the slices the agent publishes, and containerd injects the device through the claim's CDI spec.
 
-The overlay offers the resource ``dratest`` through DRA (device nodes ``/dev/nodeplug-dra-*``); each test makes its
+The shipped agent config leaves DRA off, so this module turns it on for its tests the way an operator would: the
+agent's ConfigMap gets ``deviceplugin.dra.enabled: true`` and a resource ``dratest`` offered through DRA (device
+nodes ``/dev/nodeplug-dra-*``), and the DaemonSet is restarted; both are put back afterwards. Each test makes its
 own device nodes on the node (character 1,3, like /dev/null) with a name of its own, selects them by ``path`` in
 its claims, and removes them after."""
 
@@ -18,13 +20,39 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 if TYPE_CHECKING:
-    from conftest import Cluster  # the fixture's type (tests/cluster/conftest.py)
+    from .conftest import Cluster  # the fixture's type
 
 DRIVER = "devices.nodeplug.io"
 CLASS = f"dratest.{DRIVER}"
 CDI_DIR = Path("/var/run/cdi")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dra_on(cluster: Cluster) -> Iterator[None]:
+    ds = cluster.get("-n", "nodeplug-system", "daemonset", "nodeplug")
+    (cm_name,) = [v["configMap"]["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    cm = cluster.get("-n", "nodeplug-system", "configmap", cm_name)
+    original = cm["data"]["agent.yaml"]
+    cfg = yaml.safe_load(original)
+    dp = cfg.setdefault("deviceplugin", {})
+    dp.setdefault("dra", {})["enabled"] = True
+    dp.setdefault("resources", []).append({"name": "dratest", "devices": ["/dev/nodeplug-dra-*"], "offer": "dra"})
+
+    def put(text: str) -> None:
+        obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, "namespace": "nodeplug-system"},
+               "data": {**cm["data"], "agent.yaml": text}}  # fmt: skip
+        cluster.kubectl("replace", "-f", "-", input=json.dumps(obj))
+        cluster.kubectl("-n", "nodeplug-system", "rollout", "restart", "daemonset/nodeplug")
+        cluster.rollout()
+
+    put(yaml.safe_dump(cfg, sort_keys=False))
+    try:
+        yield
+    finally:
+        put(original)
 
 
 @pytest.fixture
