@@ -8,7 +8,8 @@ Layers, each importing only those above it:
 - edges: :mod:`health` (health/reset commands), :mod:`inotify`, :mod:`uevent`, :mod:`servicer` (v1beta1
   DevicePlugin), :mod:`registration` (Register with kubelet), :mod:`metrics`;
 - lifecycle: :mod:`resource` (one resource: socket, registration, health loop), :mod:`plugin` (all resources,
-  change detection, reload; ``create`` for the agent shell), :mod:`doctor`.
+  change detection, reload; ``create`` for the agent shell), :mod:`doctor`;
+- the DRA driver: :mod:`deviceplugin.dra` (on the same resources, started by :mod:`plugin` when enabled).
 
 The tests' kubelet stand-in and fake host live with the tests (tests/support).
 """

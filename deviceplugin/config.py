@@ -24,6 +24,8 @@
           env: {FOO: bar}
           health: {command: [/usr/local/bin/check, "{path}"], timeout_seconds: 5, interval_seconds: 10}
           reset: {command: [/usr/local/bin/reset, "{id}"], timeout_seconds: 30}
+          offer: deviceplugin         # deviceplugin | dra | both (DRA needs dra.enabled; see deviceplugin.dra.config)
+      dra: {enabled: false, ...}      # deviceplugin.dra.config.DraConfig
 
 Placeholders in ``health``/``reset`` commands: ``{id}`` (device ID without the replica suffix), ``{path}`` (first
 device node as the agent sees it, under ``host_root``), ``{address}`` (PCI address or USB sysfs name, empty for
@@ -38,6 +40,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deviceplugin.dra.config import DraConfig
 from nodeplug.configbase import Section
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -174,6 +177,7 @@ class Resource(_Model):
     health: HealthSpec | None = None
     reset: ResetSpec | None = None
     forget_after_seconds: float = Field(default=300.0, ge=0, le=86400)
+    offer: Literal["deviceplugin", "dra", "both"] = "deviceplugin"
 
     @field_validator("name")
     @classmethod
@@ -194,7 +198,17 @@ class Resource(_Model):
     def _matchers(self) -> Resource:
         if not (self.devices or self.pci or self.usb):
             raise ValueError("expected at least one matcher: devices (globs), pci or usb")
+        if self.offer == "dra" and self.replicas != 1:
+            raise ValueError("replicas shares a device through the device plugin; with offer: dra it must be 1")
         return self
+
+    @property
+    def via_deviceplugin(self) -> bool:
+        return self.offer != "dra"
+
+    @property
+    def via_dra(self) -> bool:
+        return self.offer != "deviceplugin"
 
     @property
     def resource_name(self) -> str:
@@ -218,6 +232,7 @@ class Config(Section):
     rescan_seconds: float = Field(default=30.0, ge=1, le=3600)
     register_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
     resources: list[Resource] = Field(default_factory=_default_resources)
+    dra: DraConfig = Field(default_factory=DraConfig)
 
     @field_validator("resources")
     @classmethod
@@ -228,3 +243,12 @@ class Config(Section):
                 raise ValueError(f"expected unique resource names, {r.name!r} appears twice")
             seen.add(r.name)
         return v
+
+    @model_validator(mode="after")
+    def _dra_enabled(self) -> Config:
+        wanting = [r.name for r in self.resources if r.via_dra]
+        if wanting and not self.dra.enabled:
+            raise ValueError(
+                f"resources {', '.join(wanting)} are offered through DRA (offer: dra or both): set dra.enabled: true"
+            )
+        return self

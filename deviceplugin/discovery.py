@@ -46,6 +46,9 @@ class Device:
     numa: int | None = None
     address: str = ""  # PCI address or USB sysfs name; "" for a device-node glob
     missing: tuple[str, ...] = ()  # nodes (host paths) that do not exist: the device is unhealthy
+    vendor: str = ""  # PCI vendor / USB idVendor (4 hex digits); "" for a device-node glob
+    product: str = ""  # PCI device / USB idProduct
+    serial: str = ""  # USB serial, when the device has one
 
     @property
     def path(self) -> str:
@@ -113,6 +116,9 @@ def _finish(
     numa: int | None,
     address: str,
     present: dict[str, bool],
+    vendor: str = "",
+    product: str = "",
+    serial: str = "",
 ) -> Device:
     """A device with its nodes; ``present`` caches node existence for one scan (nodes shared by many devices)."""
     paths = list(dict.fromkeys([*nodes, *extra]))
@@ -126,6 +132,9 @@ def _finish(
         numa=numa,
         address=address,
         missing=missing,
+        vendor=vendor,
+        product=product,
+        serial=serial,
     )
 
 
@@ -191,7 +200,9 @@ def _pci(
             else:
                 seen.add(addr)
                 numa = _numa_from(host_root, d)
-                out.devices.append(_finish(host_root, addr, nodes, res.nodes, numa, addr, present))
+                out.devices.append(
+                    _finish(host_root, addr, nodes, res.nodes, numa, addr, present, vendor or "", device or "")
+                )
             break
 
 
@@ -245,7 +256,9 @@ def _usb(
                 break
             seen.add(name)
             numa = _numa_from(host_root, d)
-            out.devices.append(_finish(host_root, name, nodes, res.nodes, numa, name, present))
+            out.devices.append(
+                _finish(host_root, name, nodes, res.nodes, numa, name, present, vendor, product or "", serial or "")
+            )
             break
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from deviceplugin import cdi
 from deviceplugin.config import Config, Resource
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.inotify import IN_Q_OVERFLOW, Inotify
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
 from deviceplugin.resource import ResourceRuntime
@@ -64,6 +65,7 @@ class DevicePlugin:
         self._sync_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._started = False
+        self.dra: DraDriver | None = None
 
     # ------------------------------------------------------------ Plugin protocol
 
@@ -84,6 +86,8 @@ class DevicePlugin:
                 for res in self.section.resources:
                     await self._start_resource(res)
             self._rewatch()
+            if self.section.dra.enabled:
+                await self._start_dra()
             self._safety = asyncio.create_task(self._safety_loop(), name="deviceplugin-rescan")
             self._started = True
         except BaseException:
@@ -102,6 +106,9 @@ class DevicePlugin:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
         self._safety = self._sync_task = None
+        if self.dra is not None:
+            await self.dra.stop(grace)
+            self.dra = None
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None
@@ -120,11 +127,16 @@ class DevicePlugin:
         waiting = [
             f"{name}: {'not serving' if not r.serving else 'not registered with kubelet'}"
             for name, r in self.resources.items()
-            if not (r.serving and r.registered)
+            if r.res.via_deviceplugin and not (r.serving and r.registered)
         ]
+        dra_ok, dra_detail = self.dra.ready if self.dra is not None else (True, "")
+        if not dra_ok:
+            waiting.append(dra_detail)
         if waiting:
             return Readiness(False, "; ".join(waiting))
-        return Readiness(True, f"{len(self.resources)} resources registered")
+        return Readiness(
+            True, f"{len(self.resources)} resources registered" + (f"; {dra_detail}" if dra_detail else "")
+        )
 
     async def reload(self, section: Any) -> None:
         if not isinstance(section, Config):
@@ -153,6 +165,18 @@ class DevicePlugin:
                 except Exception as e:  # the others still start; the shell logs the error
                     self.log.error("resource could not start", resource=name, error=str(e))
                     failed.append(f"{name}: {e}")
+            if old.dra != section.dra or everything:
+                if self.dra is not None:
+                    await self.dra.stop(RELOAD_GRACE, remove=not section.dra.enabled)
+                    self.dra = None
+                if section.dra.enabled:
+                    try:
+                        await self._start_dra()
+                    except Exception as e:
+                        self.log.error("DRA driver could not start", error=str(e))
+                        failed.append(f"dra: {e}")
+            elif self.dra is not None:
+                self.dra.attach()  # resources restarted above get the driver's hooks again
         self._rewatch()
         if failed:
             raise RuntimeError("resources not started: " + "; ".join(failed))
@@ -185,6 +209,25 @@ class DevicePlugin:
         )
         await rt.start()
         self.resources[res.name] = rt
+
+    async def _start_dra(self) -> None:
+        dra = DraDriver(
+            self.section.dra,
+            root=self.ctx.root,
+            host_root=self.section.host_root,
+            runtimes=lambda: self.resources,
+            metrics=self.ctx.metrics,
+            cdi_dir=self.cdi_dir,
+            log=self.log,
+            kube=self.ctx.kube,
+            node=self.ctx.node_name,
+        )
+        try:
+            await dra.start()
+        except BaseException:
+            await dra.stop(0)
+            raise
+        self.dra = dra
 
     def _stats(self) -> list[ResourceStats]:
         return [r.stats() for r in self.resources.values()]

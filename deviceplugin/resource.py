@@ -93,11 +93,17 @@ class ResourceRuntime:
         self._serve_lock = asyncio.Lock()
         # one worker: preferences are computed one at a time, and a flood of calls queues instead of taking threads
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"deviceplugin-{res.name}")
+        self.on_change: Callable[[], None] | None = None  # the DRA driver's: devices or their health changed
+        self.on_allocate: Callable[[str, list[Listed]], None] | None = None  # the DRA driver's: Allocate answered
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.rescan()
+        if not self.res.via_deviceplugin:  # offered through DRA only: discovery and health, no socket
+            if self.res.health is not None:
+                self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health-{self.res.name}"))
+            return
         await self._serve()
         self._tasks.append(asyncio.create_task(self._register_loop(), name=f"register-{self.res.name}"))
         if self.res.health is not None:
@@ -129,6 +135,19 @@ class ResourceRuntime:
     @property
     def serving(self) -> bool:
         return self._server is not None and identity(self.socket, with_ctime=False) == self._socket_id
+
+    def set_held(self, held: dict[str, str]) -> None:
+        """Physical devices prepared for DRA claims: kubelet's device manager sees them unhealthy meanwhile."""
+        if self.table.set_held(held):
+            self.updates.publish(listing_message(self.table.listing))
+
+    def allocated(self, entries: list[Listed]) -> None:
+        if self.on_allocate is not None:
+            self.on_allocate(self.res.name, entries)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def stats(self) -> ResourceStats:
         healthy = sum(1 for e in self.table.listing if e.healthy)
@@ -167,6 +186,7 @@ class ResourceRuntime:
                 self._cdi_dirty = True
                 self.log.error("CDI spec not written", dir=str(self.cdi_dir), error=str(e))
         if changed:
+            self._changed()
             self.updates.publish(listing_message(self.table.listing))
             sick = [e.id for e in self.table.listing if not e.healthy]
             self.log.info(
@@ -218,6 +238,7 @@ class ResourceRuntime:
             if before != after:
                 self.log.info("health", device_id=dev_id, healthy=not after, reason=after or None)
         if changed:
+            self._changed()
             self.updates.publish(listing_message(self.table.listing))
 
     # ------------------------------------------------------------ Allocate support
@@ -249,7 +270,7 @@ class ResourceRuntime:
 
     async def sync(self) -> None:
         """Re-serve when our socket is gone or replaced; re-register when kubelet.sock is new or gone."""
-        if self.updates.closed:
+        if self.updates.closed or not self.res.via_deviceplugin:
             return
         if identity(self.socket, with_ctime=False) != self._socket_id:
             self.log.info("socket removed, serving again", socket=str(self.socket))

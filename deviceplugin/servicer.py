@@ -60,6 +60,8 @@ class Backend(Protocol):
 
     async def reset(self, entries: list[Listed]) -> None: ...
 
+    def allocated(self, entries: list[Listed]) -> None: ...
+
 
 def listing_message(listing: tuple[Listed, ...]) -> api_pb2.ListAndWatchResponse:
     out = api_pb2.ListAndWatchResponse()
@@ -143,6 +145,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         finally:  # every answer, refusals included
             self.b.metrics.allocate_seconds.labels(name).observe(time.perf_counter() - start)
         self.b.metrics.allocations.labels(name).inc(sum(len(c) for c in chosen))
+        self.b.allocated([e for entries in chosen for e in entries])
         return out
 
     async def PreStartContainer(

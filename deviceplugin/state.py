@@ -10,6 +10,9 @@ A device is unhealthy while any reason holds, and healthy again when none does:
 - ``missing``: discovery found it but some of its device nodes do not exist.
 - ``health``: its health command failed or timed out; with a health command configured, a newly found device
   counts as unhealthy until its first check has passed (kubelet never gets a device nobody has checked).
+
+A device *held* elsewhere (prepared for a DRA claim) is listed unhealthy to kubelet with the hold as its reason, so
+the device manager does not hand it out; its own health (:meth:`DeviceTable.reason`) is not affected by the hold.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class DeviceTable:
         self._gone_since: dict[str, float] = {}
         self._command: dict[str, str] = {}  # physical id -> why its health command failed
         self._snapshot = Snapshot(replicas=replicas)
+        self._held: dict[str, str] = {}  # physical id -> why it is not allocatable here (prepared for a DRA claim)
 
     # ------------------------------------------------------------ inputs
 
@@ -114,6 +118,14 @@ class DeviceTable:
             self._command.pop(dev_id, None)
         else:
             self._command[dev_id] = failure
+        return self._rebuild()
+
+    def set_held(self, held: dict[str, str]) -> bool:
+        """Devices held elsewhere (physical id -> why): listed unhealthy to kubelet, with that reason, while held;
+        their health of their own (:meth:`reason`) is unchanged. True when the listing changed."""
+        if held == self._held:
+            return False
+        self._held = dict(held)
         return self._rebuild()
 
     # ------------------------------------------------------------ answers
@@ -154,7 +166,7 @@ class DeviceTable:
         entries: list[Listed] = []
         for dev_id in sorted(self._devices, key=natural_key):
             dev = self._devices[dev_id]
-            why = self.reason(dev_id)
+            why = self.reason(dev_id) or self._held.get(dev_id, "")
             entries.extend(Listed(rid, dev, not why, why) for rid in replica_ids(dev_id, self.replicas))
         listing = tuple(entries)
         changed = _visible(listing) != _visible(self._snapshot.listing)

@@ -29,6 +29,7 @@ CLUSTER_SCOPED = {
     "VolumeSnapshotClass",
     "PriorityClass",
     "CustomResourceDefinition",
+    "DeviceClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }

@@ -246,7 +246,7 @@ class ControlPlane:
             self.work / "etcd.log",
         )  # fmt: skip
 
-    def start_apiserver(self, name: str = "apiserver", port: int = 6443) -> Api:
+    def start_apiserver(self, name: str = "apiserver", port: int = 6443, extra: tuple[str, ...] = ()) -> Api:
         argv = [
             str(self.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
             f"--bind-address={CP_ADDR}", f"--advertise-address={CP_ADDR}", f"--secure-port={port}",
@@ -255,7 +255,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={self.work / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
-            "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none", "--v=1",
+            "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none", "--v=1", *extra,
         ]  # fmt: skip
         self.procs[name] = self.ns.popen(argv, self.work / f"{name}.log")
         api = self.api if port == 6443 and hasattr(self, "api") else self.client(port)

@@ -15,6 +15,10 @@ from google.protobuf.descriptor import FileDescriptor
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from nodeplug.api.dra.v1 import api_pb2 as dra_v1_pb2
+from nodeplug.api.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from nodeplug.api.dra.v1beta1 import api_pb2 as dra_v1beta1_pb2
+from nodeplug.api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from nodeplug.api.podresources.v1 import api_pb2 as pr_pb2
@@ -29,6 +33,11 @@ METHODS: dict[str, tuple[bool, bool]] = {
     "/v1beta1.DevicePlugin/GetPreferredAllocation": (False, False),
     "/v1beta1.DevicePlugin/Allocate": (False, False),
     "/v1beta1.DevicePlugin/PreStartContainer": (False, False),
+    # kubelet DRA plugin API: the full upstream package names are on the wire (kubelet 1.32 calls v1beta1)
+    "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources": (False, False),
+    "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources": (False, False),
+    "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources": (False, False),
+    "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources": (False, False),
     # kubelet plugin watcher (package pluginregistration)
     "/pluginregistration.Registration/GetInfo": (False, False),
     "/pluginregistration.Registration/NotifyRegistrationStatus": (False, False),
@@ -71,8 +80,27 @@ METHODS: dict[str, tuple[bool, bool]] = {
     "/csi.v1.Node/NodeGetInfo": (False, False),
 }
 
-FILES: list[FileDescriptor] = [dp_pb2.DESCRIPTOR, reg_pb2.DESCRIPTOR, pr_pb2.DESCRIPTOR, csi_pb2.DESCRIPTOR]
-GRPC_MODULES: list[Any] = [dp_grpc, reg_grpc, pr_grpc, csi_pb2_grpc]
+FILES: list[FileDescriptor] = [
+    dp_pb2.DESCRIPTOR,
+    dra_v1beta1_pb2.DESCRIPTOR,
+    dra_v1_pb2.DESCRIPTOR,
+    reg_pb2.DESCRIPTOR,
+    pr_pb2.DESCRIPTOR,
+    csi_pb2.DESCRIPTOR,
+]
+GRPC_MODULES: list[Any] = [dp_grpc, dra_v1beta1_grpc, dra_v1_grpc, reg_grpc, pr_grpc, csi_pb2_grpc]
+
+# The two DRA packages carry the same messages with the same field numbers.
+_DRA_FIELDS: dict[str, dict[str, int]] = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4},
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
 
 # Field numbers the peers depend on: message full name -> {field: number}.
 FIELDS: dict[str, dict[str, int]] = {
@@ -154,6 +182,11 @@ FIELDS: dict[str, dict[str, int]] = {
         "group_snapshot_id": 6,
     },
     "csi.v1.ControllerModifyVolumeRequest": {"volume_id": 1, "secrets": 2, "mutable_parameters": 3},
+    **{
+        f"k8s.io.kubelet.pkg.apis.dra.{version}.{message}": fields
+        for version in ("v1beta1", "v1")
+        for message, fields in _DRA_FIELDS.items()
+    },
 }
 
 # Enum values the peers depend on: enum full name -> {value: number}.

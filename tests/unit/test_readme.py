@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cni.netconf import parse_bridge
@@ -19,7 +20,7 @@ def blocks(lang: str) -> list[str]:
 
 
 def test_readme_agent_config_is_valid_and_shows_the_defaults() -> None:
-    (text,) = blocks("yaml")
+    text = blocks("yaml")[0]
     cfg = parse(yaml.safe_load(text), "README")
     defaults = AgentConfig()
     for field in ("root", "log_level", "http", "shutdown_grace_seconds", "cni"):
@@ -39,3 +40,22 @@ def test_readme_network_config_parses() -> None:
     # as a runtime hands it to the plugin: the list's name and cniVersion injected
     conf = parse_bridge({**plugin, "name": conflist["name"], "cniVersion": conflist["cniVersion"]})
     assert conf.bridge == "nodeplug0" and conf.ip_masq and conf.socket == "/run/nodeplug/cni.sock"
+
+
+def test_readme_dra_example_is_valid_and_uses_a_shipped_device_class() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    (text,) = blocks("k8s")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert [d["kind"] for d in docs] == ["ResourceClaimTemplate", "Pod"]
+    for d in docs:
+        kv.validate(d, "1.33.0", strict=True)
+    shipped = {
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all((README.parent / "daemonset" / "dra.yaml").read_text())
+        if d and d["kind"] == "DeviceClass"
+    }
+    (request,) = docs[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["deviceClassName"] in shipped
+    pod = docs[1]["spec"]
+    assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == docs[0]["metadata"]["name"]
+    assert pod["containers"][0]["resources"]["claims"][0]["name"] == pod["resourceClaims"][0]["name"]

@@ -1,0 +1,297 @@
+"""The DRA driver's lifecycle inside the device plugin: API client, claim store, gRPC service, registration with
+kubelet's plugin watcher, ResourceSlice publishing and the device-plugin holds.
+
+``start``:
+
+1. the agent's Kubernetes client and node name (an error when the agent runs single-node: DRA cannot work without
+   the API);
+2. the prepared-claims database (:mod:`deviceplugin.dra.store`), whose claims hold their devices at once;
+3. the DRA gRPC service (``v1`` and ``v1beta1``) on ``<root>/var/lib/kubelet/plugins/<driver>/dra.sock``, then the
+   registration socket ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock`` (type ``DRAPlugin``,
+   supported versions ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``: kubelet 1.34+ takes the first it knows, 1.32 the
+   v1beta1 one; endpoint: the DRA socket's path as kubelet sees it on the host);
+4. in the background: API discovery of the ``resource.k8s.io`` version (retried with backoff while the API server
+   is away), then the slice publisher; and, for resources offered both ways, the pod-resources poll.
+
+Nothing in ``start`` waits for the API server. Until the version is known, a claim not yet prepared gets an error
+naming the reason (kubelet retries); prepared claims are answered and unprepared from the database.
+
+``stop(remove=False)`` leaves the slices published: an agent restart (or upgrade) keeps them, and kubelet deletes
+them itself if the driver stays away. ``stop(remove=True)`` (the driver disabled by a config reload) deletes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deviceplugin import health
+from deviceplugin.config import Resource
+from deviceplugin.discovery import Device
+from deviceplugin.dra import podresources
+from deviceplugin.dra.claims import ClaimError
+from deviceplugin.dra.config import DraConfig
+from deviceplugin.dra.inventory import POLL_SECONDS, InventoryView
+from deviceplugin.dra.kubeapi import ClaimReader, served_version
+from deviceplugin.dra.prepare import Preparer
+from deviceplugin.dra.publisher import SlicePublisher
+from deviceplugin.dra.servicer import SUPPORTED_SERVICES, Handler, V1Beta1Servicer, V1Servicer
+from deviceplugin.dra.store import ClaimStore
+from deviceplugin.resource import ResourceRuntime
+from deviceplugin.state import Listed
+from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
+from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from nodeplug.grpcserve import UnixGrpcServer
+from nodeplug.kube import Backoff, KubeClient, KubeError
+from nodeplug.log import Logger
+from nodeplug.metrics import Metrics
+from nodeplug.paths import KUBELET_DIR, PLUGINS_DIR, PLUGINS_REGISTRY_DIR, Root
+from nodeplug.pluginwatcher import RegistrationServer
+
+DRA_PLUGIN = "DRAPlugin"
+POD_RESOURCES_SOCKET = KUBELET_DIR + "/pod-resources/kubelet.sock"
+
+
+def dra_socket_default(driver: str) -> str:
+    return f"{PLUGINS_DIR}/{driver}/dra.sock"
+
+
+def registration_socket_default(driver: str) -> str:
+    return f"{PLUGINS_REGISTRY_DIR}/{driver}-reg.sock"
+
+
+class _Source:
+    """The preparer's ClaimSource until the API version is known."""
+
+    def __init__(self) -> None:
+        self.reader: ClaimReader | None = None
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        if self.reader is None:
+            raise ClaimError(
+                f"ResourceClaim {namespace}/{name} cannot be read yet: the API server has not been reached "
+                "(kubelet will ask again)"
+            )
+        return await self.reader.get_claim(namespace, name)
+
+
+class _Devices:
+    """The preparer's Devices: the inventory view plus the device plugin's side effects."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self.d = driver
+
+    def offered(self, name: str) -> Any:
+        return self.d.view.offered(name)
+
+    def in_use_elsewhere(self, resource: str, device_id: str) -> str:
+        return self.d.view.in_use_elsewhere(resource, device_id)
+
+    def claims_changed(self) -> None:
+        self.d.apply_holds()
+
+    async def reset(self, resource: Resource, devices: Sequence[Device]) -> None:
+        if resource.reset is not None:
+            await health.reset(resource.reset, devices, self.d.host_root)
+
+
+class DraDriver:
+    def __init__(
+        self,
+        cfg: DraConfig,
+        *,
+        root: Root,
+        host_root: str,
+        runtimes: Callable[[], Mapping[str, ResourceRuntime]],
+        metrics: Metrics,
+        cdi_dir: Path,
+        log: Logger,
+        kube: KubeClient | None,
+        node: str,
+    ) -> None:
+        self.cfg = cfg
+        self.root = root
+        self.host_root = host_root
+        self.runtimes = runtimes
+        self.metrics = metrics
+        self.cdi_dir = cdi_dir
+        self.log = log.bind(driver=cfg.driver_name)
+        self.view = InventoryView(runtimes)
+        self.socket = root(dra_socket_default(cfg.driver_name))
+        self.registration_socket = root(registration_socket_default(cfg.driver_name))
+        self.pod_resources = root(POD_RESOURCES_SOCKET)
+        self.client = kube
+        self.node = node
+        self.version = ""
+        self.store: ClaimStore | None = None
+        self.preparer: Preparer | None = None
+        self.publisher: SlicePublisher | None = None
+        self.registration: RegistrationServer | None = None
+        self._server: UnixGrpcServer | None = None
+        self._source = _Source()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.client is None or not self.node:
+            raise RuntimeError(
+                "deviceplugin.dra.enabled needs the Kubernetes API: run the agent with --kubeconfig or KUBECONFIG, "
+                "or in a pod with a service account"
+            )
+        self.store = ClaimStore(self.root(self.cfg.state_dir) / "claims.db")
+        self.preparer = Preparer(
+            driver=self.cfg.driver_name,
+            pool=self.node,
+            store=self.store,
+            source=self._source,
+            devices=_Devices(self),
+            cdi_dir=self.cdi_dir,
+            log=self.log,
+        )
+        self.attach()
+        self.apply_holds()
+        handler = Handler(self.preparer, self.log)
+        server = UnixGrpcServer(self.socket, plugin="dra", metrics=self.metrics, log=self.log)
+        server.add(v1_grpc.add_DRAPluginServicer_to_server, V1Servicer(handler))
+        server.add(v1beta1_grpc.add_DRAPluginServicer_to_server, V1Beta1Servicer(handler))
+        await server.start()
+        self._server = server
+        self.registration = RegistrationServer(
+            socket_path=self.registration_socket,
+            plugin_type=DRA_PLUGIN,
+            name=self.cfg.driver_name,
+            endpoint=dra_socket_default(self.cfg.driver_name),
+            supported_versions=SUPPORTED_SERVICES,
+            metrics=self.metrics,
+            plugin="dra",
+            log=self.log,
+        )
+        await self.registration.start()
+        self._tasks.append(asyncio.create_task(self._connect(), name="dra-connect"))
+        if self.view.shared():
+            self._tasks.append(asyncio.create_task(self._poll_holds(), name="dra-holds"))
+        self.log.info("DRA driver started", node=self.node, api=self.client.source.origin, socket=str(self.socket))
+
+    async def stop(self, grace: float, remove: bool = False) -> None:
+        if self.registration is not None:
+            await self.registration.stop(grace)  # kubelet deregisters us first
+            self.registration = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        if self.publisher is not None:
+            await self.publisher.stop()
+            if remove:
+                try:
+                    await asyncio.wait_for(self.publisher.remove_all(), 10)
+                    self.log.info("ResourceSlices removed")
+                except (KubeError, TimeoutError) as e:
+                    self.log.warning("ResourceSlices not removed (kubelet removes them later)", error=str(e))
+            self.publisher = None
+        for rt in self.runtimes().values():
+            rt.on_change = rt.on_allocate = None
+            rt.set_held({})
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def attach(self) -> None:
+        """Hook into the resources (again after the device plugin restarted some on reload)."""
+        for rt in self.runtimes().values():
+            rt.on_change = self.changed
+            rt.on_allocate = self.allocated
+        self.view.invalidate()
+        self.apply_holds()
+        self.changed()
+
+    @property
+    def ready(self) -> tuple[bool, str]:
+        if self._server is None or not self._server.serving:
+            return False, "DRA socket not serving"
+        if self.registration is not None and self.registration.rejected:
+            return False, self.registration.status.describe()
+        if not self.version:
+            return True, "DRA serving; API server not reached yet"
+        pub = self.publisher
+        if pub is not None and pub.last_error:
+            return True, f"DRA serving; ResourceSlices behind: {pub.last_error}"
+        return True, "DRA serving"
+
+    # ------------------------------------------------------------ events from the device plugin
+
+    def changed(self) -> None:
+        self.view.invalidate()
+        if self.publisher is not None:
+            self.publisher.kick()
+
+    def allocated(self, resource: str, entries: list[Listed]) -> None:
+        if self.view.allocated(resource, entries) and self.publisher is not None:
+            self.publisher.kick()
+        if self.view.holds.held and not any(t.get_name() == "dra-holds" for t in self._tasks):
+            self._tasks.append(asyncio.create_task(self._poll_holds(), name="dra-holds"))
+
+    def apply_holds(self) -> None:
+        if self.preparer is None:
+            return
+        held = self.preparer.held()
+        for name, rt in self.runtimes().items():
+            if rt.res.via_deviceplugin:
+                rt.set_held(held.get(name, {}) if rt.res.via_dra else {})
+
+    # ------------------------------------------------------------ background
+
+    async def _connect(self) -> None:
+        assert self.client is not None
+        backoff, attempt = Backoff(base=0.2, cap=10.0), 0
+        while not self.version:
+            try:
+                self.version = await served_version(self.client, self.cfg.api_version)
+            except KubeError as e:
+                delay = backoff.delay(attempt)
+                attempt += 1
+                if attempt in (1, 10) or attempt % 50 == 0:
+                    self.log.warning("API server not usable yet; retrying", error=str(e), delay=round(delay, 2))
+                await asyncio.sleep(delay)
+        self._source.reader = ClaimReader(self.client, self.version)
+        self.publisher = SlicePublisher(
+            self.client,
+            version=self.version,
+            driver=self.cfg.driver_name,
+            node=self.node,
+            desired=self.view.desired,
+            log=self.log,
+            resync_seconds=self.cfg.resync_seconds,
+        )
+        self.publisher.start()
+        self.log.info("following the API server", resource_api=f"resource.k8s.io/{self.version}")
+
+    async def _poll_holds(self) -> None:
+        """While anything is shared both ways: read kubelet's pod resources, release or take holds."""
+        warned = False
+        while True:
+            shared = self.view.shared()
+            if shared:
+                try:
+                    using = await podresources.in_use(self.pod_resources)
+                except Exception as e:  # keep every hold: a device is never offered twice
+                    if not warned:
+                        self.log.warning(
+                            "kubelet pod-resources API not readable; device-plugin holds kept", error=str(e)
+                        )
+                        warned = True
+                else:
+                    warned = False
+                    if self.view.holds.reconcile(using, shared, time.monotonic()):
+                        self.changed()
+            await asyncio.sleep(POLL_SECONDS)

@@ -1,0 +1,263 @@
+"""NodePrepareResources and NodeUnprepareResources for one claim at a time: the DRA driver's core.
+
+Prepare (:meth:`Preparer.prepare`):
+
+1. a claim already recorded ``prepared`` answers from the record (kubelet asks again after its own restart, and
+   must get the same devices), with no API request;
+2. otherwise the ResourceClaim is read from the API server (:class:`ClaimSource`) and checked against kubelet's
+   namespace, name and UID (:func:`deviceplugin.dra.claims.parse_claim`);
+3. every device allocated to this driver must be in this node's pool, offered through DRA, present and healthy,
+   not prepared for another claim and not in use through the device plugin (:class:`Devices` says which);
+4. the claim is recorded ``preparing`` with its devices and spec file, then its CDI spec is written, then the
+   resources' reset commands run, then the record becomes ``prepared``. A failure in between removes the spec and
+   the record, so nothing stays behind; a kill -9 in between leaves a record that unprepare (or the next prepare)
+   finishes.
+
+Unprepare (:meth:`Preparer.unprepare`) needs only the record: it removes the claim's spec file and the record, and
+is done at once for a claim it does not know (already unprepared, or never prepared here). It works while the API
+server is away.
+
+Both are serialised per claim UID; the checks of step 3 and the recording of step 4 happen with no await between
+them, so two claims (or a claim and a device-plugin Allocate, which runs in the same event loop) never take one
+device. Errors are :class:`PrepareError`, whose text goes into the claim's entry of the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from deviceplugin.config import Resource
+from deviceplugin.discovery import Device
+from deviceplugin.dra import claimcdi
+from deviceplugin.dra.claims import ClaimError, parse_claim
+from deviceplugin.dra.names import NameError_, check_name, check_namespace, check_uid
+from deviceplugin.dra.store import ClaimStore, PreparedClaim, PreparedDevice
+from nodeplug.commands import CommandError
+from nodeplug.log import Logger
+
+
+class PrepareError(Exception):
+    """Preparing or unpreparing one claim failed; the message is what kubelet reports for the claim."""
+
+
+@dataclass(frozen=True)
+class Offered:
+    """A device of this node's pool as the driver sees it now."""
+
+    name: str  # its name in the pool
+    resource: Resource
+    device: Device
+    problem: str = ""  # why it cannot be prepared now ("" when it can): unhealthy, gone
+
+
+class ClaimSource(Protocol):
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The ResourceClaim as the API server has it; :class:`ClaimError` when it cannot be had."""
+
+
+class Devices(Protocol):
+    def offered(self, name: str) -> Offered | None:
+        """The device of this node's pool named ``name``, if it is one offered through DRA."""
+
+    def in_use_elsewhere(self, resource: str, device_id: str) -> str:
+        """Why the physical device is in use outside DRA now (through the device plugin), or ""."""
+
+    def claims_changed(self) -> None:
+        """The set of prepared claims changed: recompute what the device plugin may hand out."""
+
+    async def reset(self, resource: Resource, devices: Sequence[Device]) -> None:
+        """Run the resource's reset command for the devices (CommandError on failure)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        store: ClaimStore,
+        source: ClaimSource,
+        devices: Devices,
+        cdi_dir: Path,
+        log: Logger,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.store = store
+        self.source = source
+        self.devices = devices
+        self.cdi_dir = cdi_dir
+        self.log = log
+        self._locks: dict[str, asyncio.Lock] = {}
+        # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
+        self.holders: dict[tuple[str, str], str] = {}
+        for c in store.all():
+            self._hold(c)
+
+    # ------------------------------------------------------------ holds
+
+    def _hold(self, claim: PreparedClaim) -> None:
+        for d in claim.devices:
+            if not d.admin_access:
+                self.holders[(d.resource, d.device_id)] = claim.uid
+
+    def _release(self, uid: str) -> None:
+        for key in [k for k, v in self.holders.items() if v == uid]:
+            del self.holders[key]
+
+    def held(self) -> dict[str, dict[str, str]]:
+        """Per resource: physical device id -> why the device plugin may not hand it out."""
+        out: dict[str, dict[str, str]] = {}
+        names: dict[str, str] = {}
+        for (res, dev_id), uid in self.holders.items():
+            if uid not in names:
+                c = self.store.get(uid)
+                names[uid] = f"{c.namespace}/{c.name}" if c else uid
+            out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {names[uid]}"
+        return out
+
+    # ------------------------------------------------------------ prepare
+
+    @staticmethod
+    def check_ref(namespace: str, name: str, uid: str) -> ClaimRef:
+        try:
+            return ClaimRef(check_namespace(namespace), check_name(name), check_uid(uid))
+        except NameError_ as e:
+            raise PrepareError(f"claim: {e}") from None
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    async def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        async with self._lock(ref.uid):
+            return await self._prepare(ref)
+
+    async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        known = self.store.get(ref.uid)
+        if known is not None and known.state == "prepared":
+            if (known.namespace, known.name) != (ref.namespace, ref.name):
+                raise PrepareError(
+                    f"claim {ref.uid} was prepared as {known.namespace}/{known.name}, not {ref.namespace}/{ref.name}"
+                )
+            return known.devices
+        if known is not None:  # a preparation that died half-way: start again from nothing
+            self._undo(known)
+        try:
+            obj = await self.source.get_claim(ref.namespace, ref.name)
+            alloc = parse_claim(obj, namespace=ref.namespace, name=ref.name, uid=ref.uid, driver=self.driver)
+        except ClaimError as e:
+            raise PrepareError(str(e)) from None
+        chosen: list[tuple[claimcdi.ClaimDevice, PreparedDevice]] = []
+        requests: dict[tuple[str, str], list[str]] = {}
+        admin: dict[tuple[str, str], bool] = {}
+        for a in alloc.devices:
+            requests.setdefault((a.pool, a.device), []).append(a.request)
+            admin[(a.pool, a.device)] = admin.get((a.pool, a.device), True) and a.admin_access
+        problems: list[str] = []
+        for (pool, name), reqs in requests.items():
+            if pool != self.pool:
+                problems.append(f"device {pool}/{name}: pool {pool!r} is not this node's ({self.pool!r})")
+                continue
+            o = self.devices.offered(name)
+            if o is None:
+                problems.append(f"device {pool}/{name}: no such device offered through DRA on this node")
+                continue
+            if o.problem:
+                problems.append(f"device {pool}/{name}: {o.problem}")
+                continue
+            key = (o.resource.name, o.device.id)
+            if not admin[(pool, name)]:
+                holder = self.holders.get(key)
+                if holder is not None and holder != ref.uid:
+                    other = self.store.get(holder)
+                    who = f"{other.namespace}/{other.name}" if other else holder
+                    problems.append(f"device {pool}/{name}: already prepared for claim {who}")
+                    continue
+                elsewhere = self.devices.in_use_elsewhere(*key)
+                if elsewhere:
+                    problems.append(f"device {pool}/{name}: {elsewhere}")
+                    continue
+            cd = claimcdi.ClaimDevice(name, o.resource, o.device)
+            pd = PreparedDevice(
+                pool=pool,
+                device=name,
+                resource=o.resource.name,
+                device_id=o.device.id,
+                requests=tuple(reqs),
+                cdi_ids=(claimcdi.qualified(self.driver, ref.uid, name),),
+                admin_access=admin[(pool, name)],
+            )
+            chosen.append((cd, pd))
+        if problems:
+            raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: " + "; ".join(problems))
+        record = PreparedClaim(
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            state="preparing",
+            spec_file=claimcdi.spec_filename(self.driver, ref.uid),
+            devices=tuple(pd for _, pd in chosen),
+        )
+        self.store.begin(record)  # before anything exists on the host: a crash from here on is found again
+        self._hold(record)
+        self.devices.claims_changed()
+        try:
+            if chosen:
+                spec = claimcdi.build(self.driver, ref.uid, [cd for cd, _ in chosen])
+                claimcdi.write(self.cdi_dir, self.driver, ref.uid, spec)
+            await self._reset(chosen)
+            self.store.finish(ref.uid)
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                self._undo(record)
+            if isinstance(e, CommandError | OSError):
+                raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+            raise
+        self.log.info(
+            "claim prepared",
+            claim=f"{ref.namespace}/{ref.name}",
+            claim_uid=ref.uid,
+            devices=",".join(pd.device for _, pd in chosen) or None,
+        )
+        return record.devices
+
+    async def _reset(self, chosen: list[tuple[claimcdi.ClaimDevice, PreparedDevice]]) -> None:
+        by_res: dict[str, tuple[Resource, list[Device]]] = {}
+        for cd, pd in chosen:
+            if cd.resource.reset is not None and not pd.admin_access:
+                by_res.setdefault(cd.resource.name, (cd.resource, []))[1].append(cd.device)
+        for res, devs in by_res.values():
+            await self.devices.reset(res, devs)
+
+    # ------------------------------------------------------------ unprepare
+
+    def _undo(self, claim: PreparedClaim) -> None:
+        """Remove what ``claim`` made (its spec file), then its record; release its devices."""
+        claimcdi.remove(self.cdi_dir, claim.spec_file)
+        self.store.remove(claim.uid)
+        self._release(claim.uid)
+        self.devices.claims_changed()
+
+    async def unprepare(self, uid: str) -> None:
+        async with self._lock(uid):
+            claim = self.store.get(uid)
+            if claim is None:
+                return
+            try:
+                self._undo(claim)
+            except (OSError, ValueError) as e:
+                raise PrepareError(f"claim {claim.namespace}/{claim.name}: {e}") from None
+            self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", claim_uid=uid)
+        self._locks.pop(uid, None)

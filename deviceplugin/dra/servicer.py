@@ -1,0 +1,132 @@
+"""The kubelet DRA service, ``DRAPlugin`` of package ``k8s.io.kubelet.pkg.apis.dra.v1beta1`` (kubelet 1.32, 1.33)
+and of ``...dra.v1`` (1.34+): the two carry the same messages, so one handler serves both.
+
+Each request is checked as a whole first (at most :data:`MAX_CLAIMS` claims; a malformed request is
+INVALID_ARGUMENT and nothing is done); then every claim is handled on its own, concurrently, and its outcome goes
+into the response map under the UID kubelet sent: devices, or the error text for that claim alone. An internal
+failure for one claim is reported in its entry too, so one bad claim never fails its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import grpc
+
+from deviceplugin.dra.prepare import PrepareError, Preparer
+from deviceplugin.dra.store import PreparedDevice
+from nodeplug.api.dra.v1 import api_pb2 as v1
+from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
+from nodeplug.api.dra.v1beta1 import api_pb2 as v1beta1
+from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from nodeplug.log import Logger
+
+MAX_CLAIMS = 1024
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # what registration announces, preferred first
+
+
+class _Claim(Protocol):
+    namespace: str
+    uid: str
+    name: str
+
+
+class Handler:
+    """What both services do, on messages of either package."""
+
+    def __init__(self, preparer: Preparer, log: Logger) -> None:
+        self.preparer = preparer
+        self.log = log
+
+    @staticmethod
+    async def _check(claims: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if len(claims) > MAX_CLAIMS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(claims)} claims, at most {MAX_CLAIMS}")
+
+    async def _prepare_one(self, c: _Claim) -> tuple[tuple[PreparedDevice, ...], str]:
+        try:
+            ref = self.preparer.check_ref(c.namespace, c.name, c.uid)
+            return await self.preparer.prepare(ref), ""
+        except PrepareError as e:
+            self.log.warning("claim not prepared", claim=f"{c.namespace}/{c.name}", claim_uid=c.uid, error=str(e))
+            return (), str(e)
+        except Exception as e:
+            self.log.error("claim not prepared", exc_info=True, claim_uid=c.uid)
+            return (), f"internal error: {e!r}"
+
+    async def _unprepare_one(self, c: _Claim) -> str:
+        try:
+            ref = self.preparer.check_ref(c.namespace, c.name, c.uid)
+            await self.preparer.unprepare(ref.uid)
+            return ""
+        except PrepareError as e:
+            self.log.warning("claim not unprepared", claim_uid=c.uid, error=str(e))
+            return str(e)
+        except Exception as e:
+            self.log.error("claim not unprepared", exc_info=True, claim_uid=c.uid)
+            return f"internal error: {e!r}"
+
+    async def prepare(self, pb: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await self._check(request.claims, context)
+        results = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
+        out = pb.NodePrepareResourcesResponse()
+        done: set[str] = set()
+        for c, (devices, error) in zip(request.claims, results, strict=True):
+            if c.uid in done:  # the same claim twice in one request: one entry (the preparer did it once)
+                continue
+            done.add(c.uid)
+            entry = out.claims[c.uid]
+            if error:
+                entry.error = error
+                continue
+            for d in devices:
+                entry.devices.add(
+                    request_names=list(d.requests),
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=list(d.cdi_ids),
+                )
+        return out
+
+    async def unprepare(self, pb: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await self._check(request.claims, context)
+        errors = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
+        out = pb.NodeUnprepareResourcesResponse()
+        for c, error in zip(request.claims, errors, strict=True):
+            out.claims[c.uid].error = error
+        return out
+
+
+class V1Beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, handler: Handler) -> None:
+        self.h = handler
+
+    async def NodePrepareResources(
+        self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        out: v1beta1.NodePrepareResourcesResponse = await self.h.prepare(v1beta1, request, context)
+        return out
+
+    async def NodeUnprepareResources(
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        out: v1beta1.NodeUnprepareResourcesResponse = await self.h.unprepare(v1beta1, request, context)
+        return out
+
+
+class V1Servicer(v1_grpc.DRAPluginServicer):
+    def __init__(self, handler: Handler) -> None:
+        self.h = handler
+
+    async def NodePrepareResources(
+        self, request: v1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> v1.NodePrepareResourcesResponse:
+        out: v1.NodePrepareResourcesResponse = await self.h.prepare(v1, request, context)
+        return out
+
+    async def NodeUnprepareResources(
+        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> v1.NodeUnprepareResourcesResponse:
+        out: v1.NodeUnprepareResourcesResponse = await self.h.unprepare(v1, request, context)
+        return out

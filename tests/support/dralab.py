@@ -1,0 +1,177 @@
+"""The DRA driver's test bench, shared by tests/e2e/test_dra_api.py and scripts/bench-dra: a real kube-apiserver
+(DynamicResourceAllocation on, resource.k8s.io/v1beta1 served) and etcd in a network namespace of their own (the
+control plane of :mod:`clusterlab`), daemonset/'s namespace, service account and dra.yaml applied, a Node, and the
+whole agent in that namespace on a temporary root, with a fake /dev of real device nodes and a token of the agent's
+service account bound to the Node (so RBAC and the admission policy apply)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from support.clusterlab import CP_ADDR, REPO, Api, ControlPlane, Netns, binaries, wait_for
+
+NODE = "dra-node"
+DRIVER = "devices.nodeplug.io"
+NS = "demo"
+SLICES = f"/apis/resource.k8s.io/v1beta1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+DRA_FLAGS = ["--feature-gates=DynamicResourceAllocation=true", "--runtime-config=resource.k8s.io/v1beta1=true"]
+
+
+def start_apiserver(cp: ControlPlane) -> Api:
+    """clusterlab's apiserver, with DRA on."""
+    return cp.start_apiserver(extra=tuple(DRA_FLAGS))
+
+
+class Cluster:
+    def __init__(self, work: Path, ns: Netns) -> None:
+        self.work, self.ns = work, ns
+        # a non-loopback address for the apiserver to advertise: a veth pair with both ends in the namespace
+        self.ns.ip("link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        self.ns.ip("addr", "add", f"{CP_ADDR}/24", "dev", "d0")
+        self.ns.ip("link", "set", "d0", "up")
+        self.ns.ip("link", "set", "d1", "up")
+        self.cp = ControlPlane(self.ns, work / "cp", binaries())
+        self.cp.start_etcd()
+        self.api = start_apiserver(self.cp)
+        self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        for doc in deployed():
+            if doc["kind"] == "DeviceClass":
+                self.api.ok("POST", "/apis/resource.k8s.io/v1beta1/deviceclasses", doc)
+            else:
+                self.api.create(doc)
+        self.api.node(NODE, [], [CP_ADDR])
+        self.node_uid = self.api.ok("GET", f"/api/v1/nodes/{NODE}")["metadata"]["uid"]
+        self.token = self.node_token(NODE, self.node_uid)
+        self.kubeconfig = work / "kubeconfig"
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": f"https://{CP_ADDR}:6443",
+                                                           "certificate-authority": str(self.cp.ca())}}],
+                    "users": [{"name": "u", "user": {"token": self.token}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )  # fmt: skip
+
+    def node_token(self, node: str, uid: str) -> str:
+        """A token of the agent's service account bound to ``node``, as a pod on that node gets (RBAC and the
+        admission policy of daemonset/dra.yaml apply to it)."""
+        req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+               "spec": {"expirationSeconds": 86400,
+                        "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}}}  # fmt: skip
+        doc = self.api.ok("POST", "/api/v1/namespaces/nodeplug-system/serviceaccounts/nodeplug/token", req)
+        return str(doc["status"]["token"])
+
+    def slices(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.api.ok("GET", SLICES)["items"]
+        return items
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Device name -> attributes (plain values), over every slice of the node."""
+        out = {}
+        for s in self.slices():
+            for d in s["spec"]["devices"]:
+                out[d["name"]] = {k: next(iter(v.values())) for k, v in d["basic"]["attributes"].items()}
+        return out
+
+
+def deployed() -> Iterator[dict[str, Any]]:
+    """The objects of daemonset/ the DRA driver runs under: its namespace and service account, dra.yaml."""
+    for name, kinds in (("namespace.yaml", {"Namespace"}), ("rbac.yaml", {"ServiceAccount"}), ("dra.yaml", None)):
+        for doc in yaml.safe_load_all((REPO / "daemonset" / name).read_text()):
+            if doc and (kinds is None or doc["kind"] in kinds):
+                yield doc
+
+
+class Agent:
+    """``nodeplug agent`` in the cluster's netns on a temporary root; devices are /dev/npw* of a fake host."""
+
+    def __init__(self, cluster: Cluster, root: Path) -> None:
+        self.cluster, self.root = cluster, root
+        self.host = root / "host"
+        (self.host / "dev").mkdir(parents=True, exist_ok=True)
+        self.config = root / "agent.yaml"
+        self.log = root / "agent.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.write_config()
+
+    def write_config(self, enabled: bool = True, offer: str = "both") -> None:
+        self.config.write_text(
+            "http: {address: 127.0.0.1:0}\nshutdown_grace_seconds: 2\ncsi: {enabled: false}\ncni: {enabled: false}\n"
+            f"deviceplugin:\n  host_root: {self.host}\n  dra: {{enabled: {str(enabled).lower()}}}\n"
+            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}}}\n"
+        )
+
+    def mknod(self, name: str) -> None:
+        os.mknod(self.host / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(self.root),
+                "--kubeconfig", str(self.cluster.kubeconfig), "--node-name", NODE]  # fmt: skip
+        self.proc = self.cluster.ns.popen(argv, self.log)
+        reg = self.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+        wait_for("DRA sockets", lambda: (_answers(self.dra_socket) and _answers(reg)) or self._dead(), timeout=30)
+
+    def _dead(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+        return False
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        self.proc = None
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.root / f"var/lib/kubelet/plugins/{DRIVER}/dra.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "var/run/cdi"
+
+    def claim_specs(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.glob("k8s.*.json")) if self.cdi_dir.exists() else []
+
+
+def _answers(path: Path) -> bool:
+    """Something accepts connections on the unix socket (a socket left by a killed agent refuses them)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def make_claim(cluster: Cluster, name: str, device: str | list[str]) -> str:
+    """A ResourceClaim allocated (as the scheduler would) to ``device`` (or devices) of this node's pool; returns its
+    UID."""
+    devices = [device] if isinstance(device, str) else device
+    request: dict[str, Any] = {"name": "w", "deviceClassName": f"widget.{DRIVER}"}
+    if len(devices) > 1:
+        request |= {"allocationMode": "ExactCount", "count": len(devices)}
+    obj = cluster.api.create({
+        "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS}, "spec": {"devices": {"requests": [request]}},
+    })  # fmt: skip
+    results = [{"request": "w", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+    obj["status"] = {"allocation": {"devices": {"results": results}}}
+    cluster.api.ok("PUT", f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims/{name}/status", obj)
+    return str(obj["metadata"]["uid"])
