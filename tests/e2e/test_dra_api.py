@@ -28,7 +28,7 @@ from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
-from support.clusterlab import CP_ADDR, Api, Netns, missing_assets, wait_for
+from support.clusterlab import Netns, missing_assets, wait_for
 from support.dralab import DRIVER, NODE, NS, SLICES, Agent, Cluster, make_claim, start_apiserver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
@@ -216,7 +216,7 @@ def test_the_agent_may_write_only_its_own_nodes_slices(cluster: Cluster, agent: 
     agent.start()  # under the service account of daemonset/, with a token bound to its node
     wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
     other = cluster.api.node("dra-other", [], ["192.168.77.251"])["metadata"]
-    as_agent = Api(cluster.ns, CP_ADDR, 6443, token=cluster.token)
+    as_agent = cluster.cp.client(token=cluster.token)  # closed with the control plane
     spec = {"driver": DRIVER, "nodeName": "dra-other", "pool": {"name": "dra-other", "generation": 1,
             "resourceSliceCount": 1}, "devices": []}  # fmt: skip
     forged = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
