@@ -139,7 +139,9 @@ class Cluster:
         }
 
 
-@pytest.fixture(scope="session")
+# Package scope: the cluster is gone before the next tier starts. Its agent serves the node's real paths (the CNI
+# socket /run/nodeplug/cni.sock among them), where tests of other tiers expect no agent.
+@pytest.fixture(scope="package")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if reason := skip_reason():
         pytest.skip(reason)
