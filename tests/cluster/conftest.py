@@ -1,6 +1,6 @@
 """The cluster tier: nodeplug deployed with kubectl on a real one-node Kubernetes 1.32 cluster, used as users use it.
 
-One cluster for the whole tier (session scope), made and removed by the same scripts anyone runs by hand:
+One cluster for the whole tier (package scope), made and removed by the same scripts anyone runs by hand:
 ``scripts/cluster-up DIR`` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and containerd
 from KUBE_ASSETS; the images built; ``kubectl apply -k tests/cluster/overlay``) and ``scripts/cluster-down DIR``,
 which runs even when a test fails. Each test works in a namespace of its own, deleted after it. The tier skips, with
@@ -139,7 +139,9 @@ class Cluster:
         }
 
 
-@pytest.fixture(scope="session")
+# Package scope: the cluster is gone before the next tier starts. Its agent serves the node's real paths (the CNI
+# socket /run/nodeplug/cni.sock among them), where tests of other tiers expect no agent.
+@pytest.fixture(scope="package")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if reason := skip_reason():
         pytest.skip(reason)
