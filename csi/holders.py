@@ -28,9 +28,11 @@ from csi.model import Volume
 
 
 def _loop_over(number: int, backing: Path) -> str | None:
-    """The loop device with device number ``number`` when its backing file is ``backing``, else None."""
+    """The loop device with device number ``number`` when its backing file is ``backing``, else None (also after
+    the agent's restart, when sysfs names the file only below the previous container's mount:
+    :func:`loopdev.attached_to`)."""
     found = loopdev.device_of_number(number)
-    return found[0] if found is not None and found[1] == os.path.realpath(backing) else None
+    return found[0] if found is not None and loopdev.attached_to(found[0], found[1], backing) else None
 
 
 def holds(v: Volume, backing: Path, path: Path | str) -> bool:

@@ -49,34 +49,37 @@ def _backing_id(device: str) -> tuple[int, int] | None:
     return int(dev), int(ino)
 
 
-def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
-    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run).
+def attached_to(device: str, name: str, backing: Path) -> bool:
+    """Whether loop ``device``, whose backing file sysfs names ``name``, is attached to the file ``backing``.
 
     sysfs names the backing file by its path as seen through the mount it was opened through. When that mount is
     gone (the agent's container, and with it its mount of the host's state directory, ended since: an agent
     restart), the name is only the part below that mount (``/csi/volumes/<id>.img``); such a device is this file's
-    when the kernel says it is attached to this file's inode (same name first, so no other device is opened)."""
+    when the kernel says it is attached to this file's device and inode (LOOP_GET_STATUS64)."""
     want = os.path.realpath(backing)
+    if name == want:
+        return True
+    if not want.endswith(name) or os.path.basename(name) != os.path.basename(want):
+        return False
+    try:
+        st = os.stat(want)
+    except OSError:
+        return False
+    return _backing_id(device) == (st.st_dev, st.st_ino)
+
+
+def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
+    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
+    name only ends like the file's is checked by :func:`attached_to`)."""
     found = []
-    ident: tuple[int, int] | None = None
     for d in sys_block.glob("loop*"):
         try:
             back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
             ro = (d / "ro").read_text().strip() == "1"
         except OSError:
             continue
-        if back != want:
-            if not want.endswith(back) or os.path.basename(back) != os.path.basename(want):
-                continue
-            if ident is None:
-                try:
-                    st = os.stat(want)
-                except OSError:
-                    continue
-                ident = (st.st_dev, st.st_ino)
-            if _backing_id(f"/dev/{d.name}") != ident:
-                continue
-        found.append((f"/dev/{d.name}", ro))
+        if attached_to(f"/dev/{d.name}", back, backing):
+            found.append((f"/dev/{d.name}", ro))
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 

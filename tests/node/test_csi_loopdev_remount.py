@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from csi import loopdev
+from csi import holders, loopdev
+from csi.model import Volume
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: loop devices, mount namespaces")
 
@@ -55,3 +56,23 @@ def test_a_file_of_the_same_name_elsewhere_is_not_matched(
     other.parent.mkdir(parents=True)
     other.write_bytes(b"\0" * 4096)
     assert loopdev.devices_of(other) == []
+
+
+def test_a_mount_of_the_device_is_known_as_the_volumes(
+    attached_through_a_gone_mount: tuple[Path, str], tmp_path: Path
+) -> None:
+    """NodeUnpublish and NodeUnstage after an agent restart: the filesystem mounted from the device is this volume's
+    (else kubelet's unmount waits forever on a target the driver no longer recognises)."""
+    backing, dev = attached_through_a_gone_mount
+    subprocess.run(["mkfs.ext4", "-q", dev], capture_output=True, timeout=60, check=True)
+    target = tmp_path / "target"
+    target.mkdir()
+    subprocess.run(["mount", dev, str(target)], capture_output=True, timeout=30, check=True)
+    try:
+        volume = Volume("vol-1", "pvc-1", 1 << 20, "loopfile", "mount", "ext4", str(backing))
+        assert holders.holds(volume, backing, target)
+        other = tmp_path / "other.img"
+        other.write_bytes(b"\0" * 4096)
+        assert not holders.holds(volume, other, target)
+    finally:
+        subprocess.run(["umount", str(target)], capture_output=True, timeout=30, check=False)
