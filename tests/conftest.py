@@ -16,10 +16,8 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import lzma
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -30,27 +28,12 @@ from pathlib import Path
 import pytest
 
 from support.agent import AgentProcess
+from support.host import IS_ROOT, REPO, sh, unique
+from support.kubeassets import kube_tool
 
 # Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
 # fixtures include dp, csi_driver and csi_controller.
 pytest_plugins = ["support.dpharness", "support.manifests", "support.csidriver", "support.csicontroller"]
-
-IS_ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: creates netns, veth, loop devices or mounts")
-
-
-def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
-    """Run a command for test set-up (argument list, no shell); raise with its stderr on failure."""
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
-
-
-def unique(prefix: str, n: int = 6) -> str:
-    """A name unlikely to clash: ``prefix`` + random hex (keep interface names within 15 characters)."""
-    return prefix + secrets.token_hex(n // 2 + 1)[:n]
-
 
 # ---------------------------------------------------------------- host snapshot for the leak check
 
@@ -218,7 +201,6 @@ def mounts() -> Iterator[Callable[[Path], Path]]:
 
 # ---------------------------------------------------------------- the CNI bundle (install-cni tests)
 
-REPO = Path(__file__).resolve().parent.parent
 BUNDLE_CACHE = REPO / "build" / "test-cni-bundle"
 BUNDLE_SOURCES = ["scripts/build-cni-bundle", "cni/launcher/launcher.c", "cni/launcher/fastpath.c",
                   "cni/launcher/fastpath.h", "pyproject.toml"]  # fmt: skip
@@ -274,33 +256,6 @@ def bundle_builder() -> Callable[..., Path]:
 
 
 # ---------------------------------------------------------------- real Kubernetes tools (KUBE_ASSETS)
-
-KUBE_CACHE = REPO / "build" / "kube"
-
-
-def kube_assets() -> Path:
-    """$KUBE_ASSETS, the folder of xz-compressed Kubernetes binaries; by default ../shared/kube beside the repository
-    (a relative value is taken from the repository too)."""
-    folder = Path(os.environ.get("KUBE_ASSETS", "../shared/kube"))
-    return folder if folder.is_absolute() else (REPO / folder).resolve()
-
-
-def kube_tool(name: str) -> Path:
-    """The binary ``name`` from :func:`kube_assets`, unpacked once into build/kube (a new copy when the compressed
-    one changes); skips the test, saying why, where it is absent."""
-    packed = kube_assets() / f"{name}.xz"
-    if not packed.is_file():
-        pytest.skip(f"{packed} is absent: set KUBE_ASSETS to the folder holding the Kubernetes binaries ({name}.xz)")
-    st = packed.stat()
-    out = KUBE_CACHE / f"{name}-{st.st_size}-{st.st_mtime_ns}"
-    if not out.exists():
-        KUBE_CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        with lzma.open(packed) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.chmod(0o755)
-        os.replace(tmp, out)  # atomic: another test run unpacking the same file at once is harmless
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,11 @@
-"""The binaries of KUBE_ASSETS (xz-compressed), unpacked once into the cache, keyed by their content."""
+"""The binaries of KUBE_ASSETS (xz-compressed), unpacked once into the cache, keyed by their content (kubecache)."""
 
 from __future__ import annotations
 
-import hashlib
-import lzma
-import os
-import shutil
 from pathlib import Path
 
 from cluster.common import CACHE, KUBE_ASSETS, ClusterError
+from cluster.kubecache import unpack
 
 BINARIES = [
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
@@ -22,29 +19,12 @@ def missing() -> list[str]:
     return [f"{b}.xz" for b in BINARIES if not (KUBE_ASSETS / f"{b}.xz").is_file()]
 
 
-def digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def binary(name: str) -> Path:
     """``name`` unpacked to ``CACHE/bin/<sha256 of name.xz>/name`` (done once; concurrent callers are safe)."""
     src = KUBE_ASSETS / f"{name}.xz"
     if not src.is_file():
         raise ClusterError(f"{src}: missing (set KUBE_ASSETS to the directory of the Kubernetes binaries)")
-    out = CACHE / "bin" / digest(src)[:16] / name
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{name}.{os.getpid()}")
-    with lzma.open(src) as f, open(tmp, "wb") as g:
-        shutil.copyfileobj(f, g, 1 << 20)
-    tmp.chmod(0o755)
-    os.replace(tmp, out)
-    return out
+    return unpack(src, CACHE)
 
 
 def all_binaries() -> dict[str, Path]:

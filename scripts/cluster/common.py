@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cluster import kubecache
+
 REPO = Path(__file__).resolve().parents[2]
-KUBE_ASSETS = Path(os.environ.get("KUBE_ASSETS", REPO.parent / "shared" / "kube")).resolve()
-CACHE = Path(os.environ.get("NODEPLUG_CLUSTER_CACHE", REPO / "build" / "cluster-cache")).resolve()
+KUBE_ASSETS = kubecache.assets_dir()
+CACHE = kubecache.cache_dir()
 LOCK = Path("/run/lock/nodeplug-cluster.lock")
 
 # Names on the host. One cluster at a time (the lock), so they are fixed: a crashed cluster is found again by them.

@@ -24,7 +24,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from cluster import assets
+from cluster import assets, kubecache
 from cluster.common import CACHE, IMAGE_PREFIX, REPO, ClusterError, log, run
 
 PODMAN = CACHE / "podman"
@@ -220,7 +220,7 @@ def busybox_files() -> dict[str, Path | str]:
 
 def busybox_images() -> list[Path]:
     files = busybox_files()
-    k = key(assets.digest(Path("/bin/busybox")), "v1")
+    k = key(kubecache.digest(Path("/bin/busybox")), "v1")
     etc = Path(tempfile.mkdtemp(prefix="npc-etc-"))
     try:
         (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
