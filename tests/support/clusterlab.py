@@ -7,281 +7,42 @@ Topology (every object lives in namespaces made here; the machine's own network 
     far  192.168.78.0/24, fd78::/64   router (.254) <-> the routed node (.4 behind the router)
     out  203.0.113.0/24,  fd99::/64   router (.254) <-> "outside" (.10): a destination beyond the cluster
 
-etcd and kube-apiserver run in the control-plane netns (apiserver on 192.168.77.250:6443, RBAC on, the admin
-authenticates with a static token); the test talks to it from a thread that entered that netns. Each agent gets a
-service-account token bound to its own Node object (TokenRequest with ``boundObjectRef`` kind Node), so the RBAC
-and admission policy of ``daemonset/rbac.yaml`` are what it runs under. Pods are netns ADDed through each node's
-CNI entry point. :meth:`Lab.close` removes every process and namespace, also after a failure.
-
-Binaries: ``KUBE_ASSETS`` (default ``../shared/kube`` beside the repository) holds ``etcd.xz`` and
-``kube-apiserver.xz``; they are unpacked once into ``build/kube-assets/``.
+etcd and kube-apiserver run in the control-plane netns (:mod:`support.controlplane`); the test talks to the API from
+a thread that entered that netns. Each agent gets a service-account token bound to its own Node object
+(TokenRequest with ``boundObjectRef`` kind Node), so the RBAC and admission policy of ``daemonset/rbac.yaml`` are
+what it runs under. Pods are netns ADDed through each node's CNI entry point. :meth:`Lab.close` removes every
+process and namespace, also after a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import ipaddress
 import json
 import os
 import secrets
-import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / "build" / "kube-assets"
+from support.controlplane import CP_ADDR, Api, ControlPlane, missing_assets
+from support.host import REPO
+from support.netns import Netns
+from support.wait import wait_for
+
+__all__ = ["OUTSIDE", "Lab", "Netns", "Node", "Pod", "missing_assets", "wait_for"]
+
 PYTHON = sys.executable
 ENTRY = str(Path(sys.executable).parent / "nodeplug-cni")
-ADMIN_TOKEN = "nodeplug-lab-admin-" + "0" * 8
-CP_ADDR, ROUTER_LAN, ROUTER_FAR, ROUTER_OUT, OUTSIDE = (
-    "192.168.77.250", "192.168.77.254", "192.168.78.254", "203.0.113.254", "203.0.113.10",
-)  # fmt: skip
+ROUTER_LAN, ROUTER_FAR, ROUTER_OUT, OUTSIDE = "192.168.77.254", "192.168.78.254", "203.0.113.254", "203.0.113.10"
 SA_NAMESPACE, SA_NAME = "nodeplug-system", "nodeplug"
-
-
-def kube_assets() -> Path:
-    return Path(os.environ.get("KUBE_ASSETS", REPO.parent / "shared" / "kube"))
-
-
-def missing_assets() -> str:
-    """Why the lab cannot run here ("" when it can)."""
-    d = kube_assets()
-    if os.geteuid() != 0:
-        return "needs root: creates network namespaces"
-    for name in ("etcd.xz", "kube-apiserver.xz"):
-        if not (d / name).is_file():
-            return f"{d / name} is absent (set KUBE_ASSETS to a directory with etcd.xz and kube-apiserver.xz)"
-    for tool in ("xz", "openssl", "nft", "ping"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    return ""
-
-
-def binaries() -> Path:
-    """etcd and kube-apiserver unpacked into the cache (once per version of the compressed files)."""
-    src = kube_assets()
-    h = hashlib.sha256()
-    for name in ("etcd.xz", "kube-apiserver.xz"):
-        st = (src / name).stat()
-        h.update(f"{name} {st.st_size} {st.st_mtime_ns}".encode())
-    out = CACHE / h.hexdigest()[:12]
-    if not (out / "kube-apiserver").exists():
-        tmp = CACHE / f".tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in ("etcd", "kube-apiserver"):
-            with open(tmp / name, "wb") as f:
-                subprocess.run(["xz", "-dc", str(src / f"{name}.xz")], stdout=f, check=True, timeout=300)
-            os.chmod(tmp / name, 0o755)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def sh(*argv: str, check: bool = True, timeout: float = 60, input: str | None = None) -> str:
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, input=input)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
-
-
-class Netns:
-    """A network namespace, and a thread living in it for socket work (sockets keep the netns they are made in)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        sh("ip", "netns", "add", name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        self._pool: ThreadPoolExecutor | None = None
-
-    def ip(self, *args: str, check: bool = True) -> str:
-        return sh("ip", "-n", self.name, *args, check=check)
-
-    def exec(self, *argv: str, check: bool = True, timeout: float = 60, input: str | None = None) -> str:
-        return sh("ip", "netns", "exec", self.name, *argv, check=check, timeout=timeout, input=input)
-
-    def popen(self, argv: list[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
-            return subprocess.Popen(
-                ["ip", "netns", "exec", self.name, *argv], stdout=out, stderr=subprocess.STDOUT, **kw
-            )
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on this netns's own thread."""
-        if self._pool is None:
-            fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
-
-            def enter() -> None:
-                from cni.dataplane.netns import _setns
-
-                _setns(fd)
-
-            self._pool = ThreadPoolExecutor(1, initializer=enter)
-        return self._pool.submit(fn, *args).result()
-
-    def sysctl(self, key: str, value: str) -> None:
-        self.exec("sysctl", "-qw", f"{key}={value}")
-
-    def delete(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-        sh("ip", "netns", "delete", self.name, check=False)
-
-
-# ---------------------------------------------------------------- the Kubernetes API
-
-
-class Api:
-    """A minimal REST client for the tests, speaking from inside the control-plane netns."""
-
-    def __init__(self, ns: Netns, host: str, port: int, token: str = ADMIN_TOKEN) -> None:
-        self.ns, self.host, self.port, self.token = ns, host, port, token
-        self._conn: http.client.HTTPSConnection | None = None
-        self.ctx = ssl.create_default_context()
-        self.ctx.check_hostname = False
-        self.ctx.verify_mode = ssl.CERT_NONE
-
-    def request(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
-        """One request over a kept-alive connection (made again when the server closed it)."""
-
-        def go() -> tuple[int, Any]:
-            data = json.dumps(body).encode() if body is not None else None
-            headers = {"Authorization": f"Bearer {self.token}", "Content-Type": ctype, "Accept": "application/json"}
-            for attempt in (1, 2):
-                if self._conn is None:
-                    self._conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=10)
-                try:
-                    self._conn.request(method, path, data, headers)
-                    resp = self._conn.getresponse()
-                    raw = resp.read()
-                    break
-                except (OSError, http.client.HTTPException):
-                    self._conn.close()
-                    self._conn = None
-                    if attempt == 2:
-                        raise
-            if "json" not in (resp.getheader("Content-Type") or ""):
-                return resp.status, raw.decode(errors="replace")
-            return resp.status, json.loads(raw) if raw else None
-
-        return self.ns.call(go)  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        def go() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        with contextlib.suppress(Exception):
-            self.ns.call(go)
-
-    def ok(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
-        status, doc = self.request(method, path, body, ctype)
-        if status >= 300:
-            raise RuntimeError(f"{method} {path}: {status} {doc}")
-        return doc
-
-    def create(self, obj: dict[str, Any]) -> Any:
-        kind, ns = obj["kind"], obj.get("metadata", {}).get("namespace")
-        group_version = obj["apiVersion"]
-        plural = {"ServiceAccount": "serviceaccounts", "Namespace": "namespaces", "Node": "nodes"}.get(kind)
-        plural = plural or (kind.lower()[:-1] + "ies" if kind.endswith("y") else kind.lower() + "s")
-        base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-        path = f"{base}/namespaces/{ns}/{plural}" if ns else f"{base}/{plural}"
-        return self.ok("POST", path, obj)
-
-    def node(self, name: str, cidrs: list[str], ips: list[str], annotations: dict[str, str] | None = None) -> Any:
-        spec = {"podCIDR": cidrs[0], "podCIDRs": cidrs} if cidrs else {}
-        meta: dict[str, Any] = {"name": name, **({"annotations": annotations} if annotations else {})}
-        self.create({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec})
-        status = {"status": {"addresses": [{"type": "InternalIP", "address": a} for a in ips]}}
-        return self.ok("PATCH", f"/api/v1/nodes/{name}/status", status, "application/merge-patch+json")
-
-    def ready(self) -> bool:
-        try:
-            status, _ = self.request("GET", "/readyz")
-        except OSError:
-            return False
-        return status == 200
-
-
-class ControlPlane:
-    def __init__(self, ns: Netns, work: Path, bin_dir: Path) -> None:
-        self.ns, self.work, self.bin = ns, work, bin_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.apis: list[Api] = []
-        work.mkdir(parents=True, exist_ok=True)
-        sh("openssl", "genrsa", "-out", str(work / "sa.key"), "2048")
-        sh("openssl", "rsa", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub"))
-        (work / "tokens.csv").write_text(f"{ADMIN_TOKEN},lab-admin,lab-admin,system:masters\n")
-        self.api = self.client(6443)
-
-    def client(self, port: int = 6443, token: str = ADMIN_TOKEN) -> Api:
-        """An API client from inside the control-plane netns (closed with the control plane)."""
-        api = Api(self.ns, CP_ADDR, port, token)
-        self.apis.append(api)
-        return api
-
-    def start_etcd(self) -> None:
-        data = self.work / "etcd"
-        self.procs["etcd"] = self.ns.popen(
-            [str(self.bin / "etcd"), "--name", "lab", "--data-dir", str(data),
-             "--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
-             "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-             "--initial-cluster", "lab=http://127.0.0.1:2380", "--listen-metrics-urls", "http://127.0.0.1:2381",
-             "--quota-backend-bytes", str(1 << 30)],
-            self.work / "etcd.log",
-        )  # fmt: skip
-
-    def start_apiserver(self, name: str = "apiserver", port: int = 6443, extra: tuple[str, ...] = ()) -> Api:
-        argv = [
-            str(self.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
-            f"--bind-address={CP_ADDR}", f"--advertise-address={CP_ADDR}", f"--secure-port={port}",
-            f"--cert-dir={self.work / ('certs-' + name)}", f"--token-auth-file={self.work / 'tokens.csv'}",
-            "--authorization-mode=RBAC", f"--service-account-key-file={self.work / 'sa.pub'}",
-            f"--service-account-signing-key-file={self.work / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
-            "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none", "--v=1", *extra,
-        ]  # fmt: skip
-        self.procs[name] = self.ns.popen(argv, self.work / f"{name}.log")
-        api = self.api if port == 6443 and hasattr(self, "api") else self.client(port)
-        deadline = time.monotonic() + 120
-        while not api.ready():
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"{name} exited:\n{(self.work / f'{name}.log').read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready in 120 s:\n{(self.work / f'{name}.log').read_text()[-3000:]}")
-            time.sleep(0.2)
-        return api
-
-    def stop(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(sig)
-            proc.wait(30)
-
-    def ca(self, name: str = "apiserver") -> Path:
-        return self.work / f"certs-{name}" / "apiserver.crt"
-
-    def close(self) -> None:
-        for api in self.apis:
-            api.close()
-        for name in [n for n in self.procs if n != "etcd"] + ["etcd"]:
-            self.stop(name)
 
 
 # ---------------------------------------------------------------- nodes, agents and pods
@@ -459,7 +220,7 @@ class Lab:
             ns.ip("-6", "route", "add", "default", "via", gw6)
             self.nodes.append(Node(self, i, ns, ip4, ip6, f"10.244.{i}.0/24", f"fd44:0:0:{i}::/64"))
 
-        self.cp = ControlPlane(cp_ns, self.work / "cp", binaries())
+        self.cp = ControlPlane(cp_ns, self.work / "cp")
         self.cp.start_etcd()
         api = self.cp.start_apiserver()
         for doc in _rbac_objects():
@@ -521,14 +282,3 @@ def _rbac_objects() -> Iterator[dict[str, Any]]:
     for doc in yaml.safe_load_all((REPO / "daemonset/rbac.yaml").read_text()):
         if doc and doc["metadata"]["name"].startswith("nodeplug-network"):
             yield doc
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)

@@ -1,8 +1,8 @@
 """The DRA driver's test bench, shared by tests/e2e/test_dra_api.py and scripts/bench-dra: a real kube-apiserver
 (DynamicResourceAllocation on, resource.k8s.io/v1beta1 served) and etcd in a network namespace of their own (the
-control plane of :mod:`clusterlab`), daemonset/'s namespace, service account and dra.yaml applied, a Node, and the
-whole agent in that namespace on a temporary root, with a fake /dev of real device nodes and a token of the agent's
-service account bound to the Node (so RBAC and the admission policy apply)."""
+control plane of :mod:`support.controlplane`), daemonset/'s namespace, service account and dra.yaml applied, a
+Node, and the whole agent in that namespace on a temporary root, with a fake /dev of real device nodes and a token
+of the agent's service account bound to the Node (so RBAC and the admission policy apply)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from typing import Any
 
 import yaml
 
-from support.clusterlab import CP_ADDR, REPO, Api, ControlPlane, Netns, binaries, wait_for
+from support.controlplane import CP_ADDR, Api, ControlPlane
+from support.host import REPO
+from support.netns import Netns
+from support.wait import wait_for
 
 NODE = "dra-node"
 DRIVER = "devices.nodeplug.io"
@@ -41,7 +44,7 @@ class Cluster:
         self.ns.ip("addr", "add", f"{CP_ADDR}/24", "dev", "d0")
         self.ns.ip("link", "set", "d0", "up")
         self.ns.ip("link", "set", "d1", "up")
-        self.cp = ControlPlane(self.ns, work / "cp", binaries())
+        self.cp = ControlPlane(self.ns, work / "cp")
         self.cp.start_etcd()
         self.api = start_apiserver(self.cp)
         self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})

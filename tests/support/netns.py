@@ -1,0 +1,56 @@
+"""A network namespace for a lab, with a thread living in it for socket work (sockets keep the netns they are made
+in): the nodes, switch and router of :mod:`support.clusterlab`, the control plane of :mod:`support.controlplane`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from support.host import sh
+
+
+class Netns:
+    """A network namespace, and a thread living in it for socket work (sockets keep the netns they are made in)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        sh("ip", "netns", "add", name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        self._pool: ThreadPoolExecutor | None = None
+
+    def ip(self, *args: str, check: bool = True) -> str:
+        return sh("ip", "-n", self.name, *args, check=check)
+
+    def exec(self, *argv: str, check: bool = True, timeout: float = 60, input: str | None = None) -> str:
+        return sh("ip", "netns", "exec", self.name, *argv, check=check, timeout=timeout, input=input)
+
+    def popen(self, argv: list[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.name, *argv], stdout=out, stderr=subprocess.STDOUT, **kw
+            )
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on this netns's own thread."""
+        if self._pool is None:
+            fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
+
+            def enter() -> None:
+                from cni.dataplane.netns import _setns
+
+                _setns(fd)
+
+            self._pool = ThreadPoolExecutor(1, initializer=enter)
+        return self._pool.submit(fn, *args).result()
+
+    def sysctl(self, key: str, value: str) -> None:
+        self.exec("sysctl", "-qw", f"{key}={value}")
+
+    def delete(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        sh("ip", "netns", "delete", self.name, check=False)
