@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 
 def test_apply_and_rollout_status(cluster: Cluster) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 
 def test_a_pod_with_nodeplug_fuse_sees_dev_fuse(cluster: Cluster, ns: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 DRIVER = "devices.nodeplug.io"
 CLASS = f"dratest.{DRIVER}"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from nodeplug import cli, installcni
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 IMAGE = "localhost/nodeplug-test/nodeplug:1"
 # mkfs.ext4/resize2fs, mkfs.xfs/xfs_growfs, btrfs, losetup/mount, ip, nft: what the CSI and CNI plugins run.

@@ -7,7 +7,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 
 def pod_cidrs(cluster: Cluster) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

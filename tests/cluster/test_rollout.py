@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .conftest import Cluster  # the fixture's type
+    from support.localcluster import Cluster  # the fixture's type
 
 MOUNT = {"name": "data", "mountPath": "/data"}
 

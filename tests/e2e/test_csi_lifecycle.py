@@ -13,13 +13,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 from grpc import aio
 
 from csi.config import BtrfsConfig, Config
 from nodeplug.api.csi.v1 import csi_pb2
 
 from support.csidriver import MiB, cap, running_driver
+from support.host import sh
 
 Cap = csi_pb2.VolumeCapability
 

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, AgentProcess, sh
 
+from support.agent import AgentProcess
 from support.csidriver import DRIVER, cleanup_under, loops_under, mounts_under
+from support.host import REPO, sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the driver creates loop devices and mounts")
 

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import needs_root, sh
 
 from cni.cluster import kernel
 from cni.cluster.plan import RouteSpec, State, changes
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import Rtnl
+
+from support.host import needs_root, sh
 
 pytestmark = needs_root
 net, ip = ipaddress.ip_network, ipaddress.ip_address

@@ -34,7 +34,7 @@ class Node:
 
     def __init__(self, name: str, data_dir: Path, sh: Callable[..., str]) -> None:
         self.name, self.data_dir = name, data_dir
-        self.sh = sh  # tests/conftest.py's: run a set-up command, raise with its stderr
+        self.sh = sh  # support.host.sh: run a set-up command, raise with its stderr
         self.path = f"/run/netns/{name}"
         self.opened: list[SqliteStore] = []
 

@@ -39,7 +39,7 @@ class Host:
     def __init__(self, name: str, sh: Callable[..., str]) -> None:
         self.name = name
         self.path = f"/run/netns/{name}"
-        self.sh = sh  # tests/conftest.py's: run a set-up command, raise with its stderr
+        self.sh = sh  # support.host.sh: run a set-up command, raise with its stderr
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         def inside() -> T:

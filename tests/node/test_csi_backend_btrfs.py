@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi.backends import fileops
 from csi.backends.btrfs import BtrfsBackend, subvolume_id
@@ -19,6 +18,8 @@ from csi.model import VolumeSource
 from csi.state import StateStore
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.paths import Root
+
+from support.host import sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: makes btrfs on a loop device and mounts it")
 MIB = 1 << 20

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import sh  # tests/conftest.py: run a set-up command, raise with its stderr
 
 from csi import mounts
 from nodeplug.commands import CommandError
+
+from support.host import sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 

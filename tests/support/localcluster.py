@@ -1,0 +1,94 @@
+"""The local cluster of the cluster tier as its tests use it (``scripts/cluster-up DIR``'s state): kubectl with its
+kubeconfig, waiting on objects, busybox pods. The tier's fixtures (tests/cluster/conftest.py) make one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUSYBOX = "localhost/nodeplug-test/busybox:1"
+
+
+class Cluster:
+    """The running cluster: kubectl with its kubeconfig, and waiting on objects."""
+
+    def __init__(self, cluster_dir: Path, kubeconfig: Path) -> None:
+        self.dir = cluster_dir
+        self.kubeconfig = kubeconfig
+        state = json.loads((cluster_dir / "state.json").read_text())
+        self.kubectl_bin = state["kubectl"]
+        self.node = state["node"]
+        self.cni_conf_dir = Path(state["cni_conf_dir"])
+        self.netns = state["netns"]
+        self.crictl = state["crictl"]
+        self.containerd_socket = state["containerd_socket"]
+        self.overlay = Path(state["overlay"])  # tests/cluster/overlay with the node's agent config
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True) -> str:
+        argv = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
+        p = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout, check=False)
+        if check and p.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()}")
+        return p.stdout
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def apply(self, ns: str, *objects: dict[str, Any]) -> None:
+        self.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
+
+    def wait(self, what: str, probe: Callable[[], bool], timeout: float = 120, explain: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if probe():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: not within {timeout:.0f} s {explain}")
+
+    def wait_running(self, ns: str, *pods: str, timeout: float = 120) -> None:
+        for pod in pods:
+            try:
+                self.kubectl("-n", ns, "wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={timeout:.0f}s",
+                             timeout=timeout + 30)  # fmt: skip
+            except AssertionError as e:
+                events = self.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
+                raise AssertionError(f"{e}\nevents in {ns}:\n{events}") from None
+
+    def exec(self, ns: str, pod: str, *cmd: str, timeout: float = 60) -> str:
+        return self.kubectl("-n", ns, "exec", pod, "--", *cmd, timeout=timeout)
+
+    def agent_pod(self) -> str:
+        pods = self.get("-n", "nodeplug-system", "pods", "-l", "app.kubernetes.io/name=nodeplug")["items"]
+        running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        assert len(running) == 1, f"expected one running agent pod, got {[p['metadata']['name'] for p in pods]}"
+        return running[0]
+
+    def rollout(self) -> None:
+        self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s", timeout=200)
+
+    @staticmethod
+    def pod(name: str, *command: str, **spec: Any) -> dict[str, Any]:
+        """A busybox pod running ``command`` (default: sleep until deleted); ``resources``, ``volumeMounts`` and
+        ``securityContext`` go to its container, the rest of ``spec`` to the pod."""
+        container: dict[str, Any] = {
+            "name": "app",
+            "image": BUSYBOX,
+            "imagePullPolicy": "Never",
+            "command": list(command) or ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+        }
+        for key in ("resources", "volumeMounts", "securityContext"):
+            if key in spec:
+                container[key] = spec.pop(key)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec},
+        }
