@@ -181,6 +181,7 @@ def test_reference_bridge_delegates_ipam_to_nodeplug(
                     "ranges": [[{"subnet": "10.93.0.0/24"}], [{"subnet": "fd93::/64"}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                     "dataDir": str(tmp_path / "ipam"),
+                    "socket": str(tmp_path / "no-agent.sock"),  # not the default: an agent may serve that one
                 },
             }
         ],

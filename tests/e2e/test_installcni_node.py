@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cni import thick
 from cni.cluster.subnets import NodeSubnets
 
 pytestmark = [
@@ -63,7 +64,9 @@ class Node:
         return ["nsenter", f"--net=/run/netns/{self.hostns}", *argv]
 
     def cni(self, command: str, conf: dict[str, Any], **env: str) -> tuple[int, dict[str, Any]]:
-        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"], **env}
+        # the launcher asks this node's agent socket, not the machine's default (a real agent may serve that one)
+        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"],
+                thick.ENV_SOCKET: str(self.socket), **env}  # fmt: skip
         p = subprocess.run(
             self.nsenter(str(self.root / "opt/cni/bin/nodeplug")),
             input=json.dumps(conf).encode(), env=full, capture_output=True, timeout=60, check=False,

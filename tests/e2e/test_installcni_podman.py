@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from cni import thick
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
@@ -33,6 +35,8 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 NETWORK, BRIDGE = "npinst", "npinst0"
 SUBNET, GATEWAY = "10.88.66.0/24", "10.88.66.1"
+
+NO_AGENT = "no-agent/cni.sock"  # under the test's tmp_path: the network's socket, served by no agent
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +73,8 @@ class Podman:
             f'events_logfile_path = "{tmp}/events.log"\n'
             'runtime = "runc"\n'
             f'tmp_dir = "{tmp}/libpod-tmp"\n'
+            # conmon, and the podman it runs to clean up an exited container (DEL), get only these variables
+            f'conmon_env_vars = ["PATH={os.environ["PATH"]}", "{thick.ENV_SOCKET}={tmp / NO_AGENT}"]\n'
         )
         (tmp / "storage.conf").write_text(
             f'[storage]\ndriver = "vfs"\ngraphroot = "{store}/graph"\nrunroot = "{store}/run"\n'
@@ -79,6 +85,9 @@ class Podman:
             **os.environ,
             "CONTAINERS_CONF": str(self.tmp / "containers.conf"),
             "CONTAINERS_STORAGE_CONF": str(self.tmp / "storage.conf"),
+            # podman's environment is its plugins': the launcher asks the config's socket, not the machine's default
+            # (a real agent may serve that one)
+            thick.ENV_SOCKET: str(self.tmp / NO_AGENT),
         }
         argv = ["nsenter", f"--net=/run/netns/{self.host_netns}", "podman",
                 "--root", str(self.store / "graph"), "--runroot", str(self.store / "run"), *args]  # fmt: skip
@@ -93,7 +102,7 @@ def installed(tmp_path: Path, bundle: Path) -> Path:
     root = tmp_path / "host"
     p = install_cni(
         root, "--bundle", str(bundle), "--network-name", NETWORK, "--bridge", BRIDGE, "--subnet", SUBNET,
-        "--no-ip-masq", "--socket", str(tmp_path / "no-agent" / "cni.sock"),
+        "--no-ip-masq", "--socket", str(tmp_path / NO_AGENT),
         "--ipam-data-dir", str(tmp_path / "ipam"),
     )  # fmt: skip
     assert p.returncode == 0, p.stderr

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from cni import thick
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chroot, mounts, network namespaces")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,10 +193,13 @@ def test_a_delegated_ipam_plugin_runs_from_the_bundle(
 
 
 @pytest.mark.parametrize("callers", [None, "/callers/libs"])
-def test_the_entry_point_runs_with_the_callers_environment(probe_bundle: Path, callers: str | None) -> None:
+def test_the_entry_point_runs_with_the_callers_environment(
+    probe_bundle: Path, callers: str | None, tmp_path: Path
+) -> None:
     """Commands the entry point runs (nft, ip) inherit its environment: the bundle's loader path and PyInstaller's
     bookkeeping must be gone by then, and the caller's LD_LIBRARY_PATH back."""
-    env = {"CNI_COMMAND": "ADD", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    # the launcher asks an absent socket of the test's own (an agent may serve the default one) and runs the entry
+    env = {"CNI_COMMAND": "ADD", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", thick.ENV_SOCKET: str(tmp_path / "a.sock")}
     if callers is not None:
         env["LD_LIBRARY_PATH"] = callers
     p = subprocess.run([str(probe_bundle / "nodeplug")], env=env, capture_output=True, timeout=30, check=True)

@@ -317,7 +317,8 @@ def test_a_broken_bundle_answers_with_valid_json_naming_the_file_on_stderr(tmp_p
     d = tmp_path / 'odd "dir" \\ name'
     d.mkdir()
     compile_launcher(d)  # no _internal/loader: the entry point cannot start
-    p = subprocess.run([str(d / "nodeplug")], input=b"{}", env={**ENV, "CNI_COMMAND": "DEL"}, capture_output=True)
+    env = launcher_env(tmp_path / "absent.sock", CNI_COMMAND="DEL")  # an agent may serve the default socket
+    p = subprocess.run([str(d / "nodeplug")], input=b"{}", env=env, capture_output=True)
     err = json.loads(p.stdout)
     assert p.returncode == 1 and err["code"] == 999 and "install-cni" in err["details"]
     assert str(d / "_internal" / "loader") in p.stderr.decode()
