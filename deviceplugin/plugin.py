@@ -5,7 +5,8 @@ Change detection, no polling:
 - inotify on every directory a resource's devices may appear in (from :func:`discovery.watch_dirs`, recomputed after
   each scan): only the resources watching a changed directory are scanned again; kernel uevents (sysfs hotplug, which
   inotify cannot see) re-scan the PCI/USB resources, except those of virtual devices (a pod's veth, a loop device);
-  a burst of events becomes one re-scan after :data:`DEBOUNCE`;
+  a burst of events becomes one re-scan after :data:`DEBOUNCE`; one re-scan runs at a time (discovery reads on each
+  resource's scan thread, so the loop keeps answering kubelet), and changes seen meanwhile start another after it;
 - inotify on the device-plugins directory (and its parent, in case the directory itself is removed and made again):
   any change there runs :meth:`ResourceRuntime.sync` for every resource at once, which re-serves a resource whose
   socket kubelet removed and re-registers every resource with a new ``kubelet.sock``;
@@ -63,6 +64,8 @@ class DevicePlugin:
         self._expiry_handle: asyncio.TimerHandle | None = None
         self._safety: asyncio.Task[None] | None = None
         self._sync_task: asyncio.Task[None] | None = None
+        self._scan_task: asyncio.Task[None] | None = None
+        self._scan_again = False
         self._lock = asyncio.Lock()
         self._started = False
         self.dra: DraDriver | None = None
@@ -100,12 +103,12 @@ class DevicePlugin:
             if h is not None:
                 h.cancel()
         self._scan_handle = self._sync_handle = self._expiry_handle = None
-        for t in (self._safety, self._sync_task):
+        for t in (self._safety, self._sync_task, self._scan_task):
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
-        self._safety = self._sync_task = None
+        self._safety = self._sync_task = self._scan_task = None
         if self.dra is not None:
             await self.dra.stop(grace)
             self.dra = None
@@ -272,15 +275,27 @@ class DevicePlugin:
 
     def _scan(self) -> None:
         self._scan_handle = None
+        if self._scan_task is not None and not self._scan_task.done():
+            self._scan_again = True  # what changed meanwhile stays pending for the next round
+            return
         pending, self._pending = self._pending, set()
+        self._scan_task = asyncio.create_task(self._scan_resources(pending), name="deviceplugin-scan")
+
+    async def _scan_resources(self, pending: set[str] | None) -> None:
+        """Re-scan the resources watching a directory in ``pending`` (every one for None); then start the next round
+        if changes arrived meanwhile."""
         for r in list(self.resources.values()):
             if pending is not None and not (r.watch_dirs & pending) and not (UEVENT in pending and r.reads_sysfs):
                 continue
             try:
-                r.rescan()
+                await r.rescan()
             except Exception:
                 self.log.error("re-scan failed", exc_info=True, resource=r.res.resource_name)
         self._rewatch()
+        if self._scan_again:
+            self._scan_again = False
+            self._scan_task = None  # this task is ending: the next round is a task of its own
+            self._scan()
 
     def _schedule_sync(self) -> None:
         if self._sync_handle is None:

@@ -52,7 +52,17 @@ def backoff() -> Iterator[float]:
         delay = min(delay * 2, BACKOFF_MAX)
 
 
+def _discover(res: Resource, host_root: str) -> tuple[discovery.Discovery, set[str]]:
+    """The blocking part of a scan (reads /dev and /sys): run on the resource's scan thread."""
+    found = discovery.discover(res, host_root)
+    return found, discovery.watch_dirs(res, host_root, found.devices)
+
+
 class ResourceRuntime:
+    """One resource's devices, socket and registration. Discovery reads /dev and /sys on a thread of its own (a full
+    PCI scan of a large host takes a second): the event loop keeps answering meanwhile, and the result is applied
+    on the loop, so the device table, the streams and the CDI spec are only ever touched there."""
+
     def __init__(
         self,
         res: Resource,
@@ -93,13 +103,16 @@ class ResourceRuntime:
         self._serve_lock = asyncio.Lock()
         # one worker: preferences are computed one at a time, and a flood of calls queues instead of taking threads
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"deviceplugin-{res.name}")
+        # one scanner: scans of a resource run one after another, so their results are applied in the order read
+        self._scanner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"deviceplugin-scan-{res.name}")
+        self._stopped = False
         self.on_change: Callable[[], None] | None = None  # the DRA driver's: devices or their health changed
         self.on_allocate: Callable[[str, list[Listed]], None] | None = None  # the DRA driver's: Allocate answered
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.rescan()
+        await self.rescan()
         if not self.res.via_deviceplugin:  # offered through DRA only: discovery and health, no socket
             if self.res.health is not None:
                 self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health-{self.res.name}"))
@@ -111,6 +124,7 @@ class ResourceRuntime:
         self._kick.set()
 
     async def stop(self, grace: float, removed: bool = False) -> None:
+        self._stopped = True  # a scan still reading is not applied
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -123,6 +137,7 @@ class ResourceRuntime:
             self._server = None
         self.registered = False
         self._worker.shutdown(wait=False, cancel_futures=True)  # a preference in progress ends within milliseconds
+        self._scanner.shutdown(wait=False)  # a scan in progress finishes on its thread; its result is dropped
         if removed:
             cdi.remove_spec(self.cdi_dir, self.res)
         self.log.info("stopped", removed=removed or None)
@@ -157,9 +172,18 @@ class ResourceRuntime:
 
     # ------------------------------------------------------------ discovery and health
 
-    def rescan(self) -> bool:
-        """Discover again; publish when what kubelet sees changed. Returns whether it did."""
-        found = discovery.discover(self.res, self.host_root)
+    async def rescan(self) -> bool:
+        """Discover again (on the scan thread); publish when what kubelet sees changed. Returns whether it did."""
+        if self._stopped:
+            return False
+        found, dirs = await asyncio.get_running_loop().run_in_executor(
+            self._scanner, _discover, self.res, self.host_root
+        )
+        if self._stopped:  # stopped (a reload, the agent's shutdown) while the scan was reading
+            return False
+        return self._apply(found, dirs)
+
+    def _apply(self, found: discovery.Discovery, dirs: set[str]) -> bool:
         if found.problems != self._problems:
             for p in found.problems:
                 self.log.warning("discovery", problem=p)
@@ -168,7 +192,7 @@ class ResourceRuntime:
         changed = self.table.update(found.devices, time.monotonic())
         if {d.id for d in found.devices} - before:
             self._health_kick.set()  # check new devices now, not at the next interval
-        self.watch_dirs = discovery.watch_dirs(self.res, self.host_root, found.devices)
+        self.watch_dirs = dirs
         self._after_change(changed)
         return changed
 

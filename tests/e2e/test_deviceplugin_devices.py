@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
 import grpc
 import pytest
 
+from deviceplugin import discovery
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 from support.devicehost import alloc
@@ -159,20 +161,20 @@ async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones
     for name, rt in plugin.resources.items():
         original = rt.rescan
 
-        def counting(name: str = name, original: Any = original) -> bool:
+        async def counting(name: str = name, original: Any = original) -> bool:
             scans[name] += 1
-            return bool(original())
+            return bool(await original())
 
         rt.rescan = counting  # type: ignore[method-assign]
     rounds: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-    scan = plugin._scan
+    scan_resources = plugin._scan_resources
 
-    def scan_round() -> None:  # the debounced re-scan: hand over what it scanned
-        scan()
+    async def scan_round(pending: set[str] | None) -> None:  # the debounced re-scan: hand over what it scanned
+        await scan_resources(pending)
         rounds.put_nowait(dict(scans))
         scans.update(dict.fromkeys(scans, 0))
 
-    plugin._scan = scan_round  # type: ignore[method-assign]
+    plugin._scan_resources = scan_round  # type: ignore[method-assign]
 
     async def next_round() -> dict[str, int]:
         return await asyncio.wait_for(rounds.get(), 5)
@@ -185,6 +187,42 @@ async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones
     assert await next_round() == {"hca": 0, "fuse": 0, "serial": 1}
     dp.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
     assert await next_round() == {"hca": 0, "fuse": 1, "serial": 0}
+
+
+async def test_a_slow_sysfs_scan_leaves_the_loop_answering_kubelet(
+    dp: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full PCI re-scan of a large host takes about a second: it reads on a thread, and Allocate on another
+    resource is answered while it is held; its result still reaches the stream once it is done."""
+    hca(dp, "0000:17:00.0", 0, 10)
+    dp.mknod("/dev/vfio/10")
+    dp.mknod("/dev/fuse")
+    res: list[dict[str, Any]] = [
+        {"name": "hca", "pci": [{"vendor": "15b3"}]},
+        {"name": "fuse", "devices": ["/dev/fuse"]},
+    ]
+    plugin = await dp.start(dp.config(res))
+    hca_ep, fuse_ep = await dp.ep("hca"), await dp.ep("fuse")
+    entered, release = threading.Event(), threading.Event()
+    released_by_test: list[bool] = []
+    real = discovery.discover
+
+    def slow(r: Any, host_root: str) -> Any:
+        if r.pci:
+            entered.set()
+            released_by_test.append(release.wait(5))  # False: nothing released it, the loop was stuck here
+        return real(r, host_root)
+
+    monkeypatch.setattr(discovery, "discover", slow)
+    dp.mknod("/dev/vfio/11")
+    hca(dp, "0000:17:00.1", 0, 11)  # hotplug; the uevent re-scans the PCI resource
+    plugin._on_uevent("add", {"SUBSYSTEM": "pci", "DEVPATH": "/devices/pci0000:00/0000:17:00.1"})
+    assert await asyncio.to_thread(entered.wait, 5), "the PCI re-scan did not start"
+    resp = await asyncio.wait_for(fuse_ep.stub.Allocate(alloc(["fuse"])), 2)
+    release.set()
+    assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/fuse"]
+    await hca_ep.wait_listing(lambda listing: health(listing) == {"0000:17:00.0": "Healthy", "0000:17:00.1": "Healthy"})
+    assert released_by_test and all(released_by_test)
 
 
 async def test_directory_that_appears_later_is_watched(dp: Harness) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -103,9 +103,9 @@ async def test_kernel_uevent_rescans_sysfs_resources(short: Path) -> None:
         for name, rt in plugin.resources.items():
             original = rt.rescan
 
-            def counting(name: str = name, original: Callable[[], bool] = original) -> bool:
+            async def counting(name: str = name, original: Callable[[], Awaitable[bool]] = original) -> bool:
                 scans[name] += 1
-                return original()
+                return await original()
 
             rt.rescan = counting  # type: ignore[method-assign]
         assert [e.id for e in plugin.resources["pci"].table.listing] == [addr]
