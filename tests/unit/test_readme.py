@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from cni.netconf import parse_bridge
 from nodeplug.config import AgentConfig, parse
@@ -30,6 +33,28 @@ def test_readme_agent_config_is_valid_and_shows_the_defaults() -> None:
     dp = cfg.deviceplugin
     assert [r.name for r in dp.resources][:2] == [r.name for r in defaults.deviceplugin.resources]
     assert dp.model_dump(exclude={"resources"}) == defaults.deviceplugin.model_dump(exclude={"resources"})
+
+
+def _keys_not_shown(model: type[BaseModel], shown: list[dict[str, Any]], where: str) -> list[str]:
+    """Fields of ``model`` (and of the models inside it) that none of the ``shown`` mappings sets."""
+    missing = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        values = [d[key] for d in shown if key in d]
+        if not values:
+            missing.append(where + key)
+            continue
+        for inner in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                items = [v for value in values for v in (value if isinstance(value, list) else [value])]
+                missing += _keys_not_shown(inner, [v for v in items if isinstance(v, dict)], f"{where}{key}.")
+    return missing
+
+
+def test_readme_agent_config_shows_every_key() -> None:
+    """Every key of the config models, nested ones and a resource's, appears in the README's config block."""
+    (text, *_) = blocks("yaml")
+    assert _keys_not_shown(AgentConfig, [yaml.safe_load(text)], "") == []
 
 
 def test_readme_network_config_parses() -> None:
