@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from support.processes import stop
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
@@ -234,12 +236,7 @@ def agent(podman: Podman) -> Iterator[Path]:
                 time.sleep(0.05)
             yield log_path
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 15)
 
 
 def test_thick_mode_the_agent_does_the_work(podman: Podman, agent: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from cni.ipam.sqlite import SqliteStore
 from cni.ipam.store import Lease
 from cni.netconf import parse_ipam
 from cni.types import IPConfig
+
+from support.processes import kill_9_when
 
 ENTRY = [sys.executable, "-m", "cni.entry"]
 
@@ -84,14 +85,7 @@ with store.transaction() as txn:
 def test_kill_9_inside_a_transaction_loses_nothing_committed_and_keeps_nothing_half_done(tmp_path: Path) -> None:
     ipam = parse_ipam({"type": "nodeplug", "ranges": [[{"subnet": "10.42.0.0/24"}]], "dataDir": str(tmp_path)})
     committed, _ = service.add("net", ipam, "kept", "eth0", opener=lambda d, n: SqliteStore(d, n))
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD_OPEN, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "reserved"
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+    kill_9_when([sys.executable, "-c", _HOLD_OPEN, str(tmp_path)], "reserved")
     store = SqliteStore(tmp_path, "net")  # the write lock died with the process
     with store.transaction() as txn:
         owners = {x.container_id: x.ip for x in txn.leases()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from csi.errors import Aborted
 from csi.model import GroupSnapshot, PublishRecord, Snapshot, StageRecord, Volume
 from csi.state import StateStore
+
+from support.processes import run_threads
 
 
 def vol(i: int, **kw: object) -> Volume:
@@ -161,20 +162,11 @@ def test_deletes_report_whether_something_was_there(tmp_path: Path) -> None:
 
 def test_threads_write_concurrently(tmp_path: Path) -> None:
     s = StateStore(tmp_path / "state.db")
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            for i in range(25):
-                s.put_volume(vol(t * 100 + i))
-                s.put_stage(StageRecord(f"vol-{t * 100 + i:04d}", "/s", ""))
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in range(25):
+            s.put_volume(vol(t * 100 + i))
+            s.put_stage(StageRecord(f"vol-{t * 100 + i:04d}", "/s", ""))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_threads(work, 6) == []
     assert s.count_volumes() == 150 and len(s.list_stages()) == 150

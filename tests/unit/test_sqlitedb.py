@@ -3,8 +3,6 @@ untouched, write transactions that commit or roll back whole, per-thread connect
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,16 +13,11 @@ import pytest
 
 from nodeplug.sqlitedb import Database, SchemaTooNew, statements
 
+from support.processes import kill_9_when, run_threads
+from support.sqlitefiles import user_version
+
 V1 = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL); CREATE INDEX items_name ON items(name)"
 V2 = "ALTER TABLE items ADD COLUMN note TEXT NOT NULL DEFAULT 'none'"
-
-
-def user_version(path: Path) -> int:
-    c = sqlite3.connect(path)
-    try:
-        return int(c.execute("PRAGMA user_version").fetchone()[0])
-    finally:
-        c.close()
 
 
 def test_a_new_file_gets_every_migration_wal_and_a_private_mode(tmp_path: Path) -> None:
@@ -104,16 +97,7 @@ Database(sys.argv[1], [{v1!r}, slow])
 def test_kill_9_in_the_middle_of_a_migration_leaves_the_old_version(tmp_path: Path) -> None:
     path = tmp_path / "a.db"
     Database(path, [V1]).close()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", MIGRATE_SLOWLY.format(v1=V1), str(path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+    kill_9_when([sys.executable, "-c", MIGRATE_SLOWLY.format(v1=V1), str(path)], "inside")
     assert user_version(path) == 1
 
     def once(c: sqlite3.Connection) -> None:
@@ -193,24 +177,15 @@ def test_a_read_sees_one_state_while_another_thread_writes(tmp_path: Path) -> No
 def test_threads_get_their_own_connections_and_writers_queue(tmp_path: Path) -> None:
     db = Database(tmp_path / "a.db", [V1])
     seen: set[int] = set()
-    errors: list[BaseException] = []
 
     def work(t: int) -> None:
-        try:
-            seen.add(id(db.connection()))
-            for i in range(50):
-                with db.transaction() as c:  # read-then-write, atomic against the other threads
-                    n = c.execute("SELECT count(*) FROM items").fetchone()[0]
-                    c.execute("INSERT INTO items (id, name) VALUES (?, ?)", (n + 1, f"{t}-{i}"))
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        seen.add(id(db.connection()))
+        for i in range(50):
+            with db.transaction() as c:  # read-then-write, atomic against the other threads
+                n = c.execute("SELECT count(*) FROM items").fetchone()[0]
+                c.execute("INSERT INTO items (id, name) VALUES (?, ?)", (n + 1, f"{t}-{i}"))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(seen) == 6
+    assert run_threads(work, 6) == [] and len(seen) == 6
     assert db.execute("SELECT count(*), max(id) FROM items").fetchone()[:] == (300, 300)
     db.close()
     db.close()  # twice is fine

@@ -20,16 +20,10 @@ from cni.ipam.sqlite import SqliteStore
 from csi.state import SCHEMA_VERSION, StateStore
 from nodeplug.sqlitedb import SchemaTooNew
 
+from support.sqlitefiles import user_version
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RELEASES = sorted(p.name for p in FIXTURES.glob("state-*") if p.is_dir())
-
-
-def _user_version(path: Path) -> int:
-    c = sqlite3.connect(path)
-    try:
-        return int(c.execute("PRAGMA user_version").fetchone()[0])
-    finally:
-        c.close()
 
 
 def _as_written(records: list[Any], expected: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,7 +44,7 @@ def test_there_are_fixtures() -> None:
 def test_csi_state_of_an_earlier_release_is_kept(tmp_path: Path, release: str) -> None:
     shutil.copy(FIXTURES / release / "csi-state.db", tmp_path / "state.db")
     expected = json.loads((FIXTURES / release / "csi-state.json").read_text())
-    assert _user_version(tmp_path / "state.db") == expected["user_version"]
+    assert user_version(tmp_path / "state.db") == expected["user_version"]
 
     store = StateStore(tmp_path / "state.db")
     volumes = store.list_volumes()[0]
@@ -70,7 +64,7 @@ def test_csi_state_of_an_earlier_release_is_kept(tmp_path: Path, release: str) -
         assert store.get_publish(p["volume_id"], p["target_path"]) is not None
     assert not any(p.created for p in store.list_publishes())  # unknown for old records: never removed
     store.close()
-    assert _user_version(tmp_path / "state.db") == SCHEMA_VERSION
+    assert user_version(tmp_path / "state.db") == SCHEMA_VERSION
 
     again = StateStore(tmp_path / "state.db")  # the migrated file opens as it is
     assert again.list_volumes()[0] == volumes and again.list_snapshots()[0] == snapshots
@@ -92,7 +86,7 @@ def test_ipam_leases_of_an_earlier_release_are_kept(tmp_path: Path, release: str
     boot_ids = dict(store.db.execute("SELECT ip, boot_id FROM leases").fetchall())
     assert boot_ids == expected["boot_ids"]
     store.close()
-    assert _user_version(tmp_path / "fixture-net.db") == len(IPAM_MIGRATIONS)
+    assert user_version(tmp_path / "fixture-net.db") == len(IPAM_MIGRATIONS)
 
     rebooted = SqliteStore(tmp_path, "fixture-net", boot_id="another-boot")  # the behaviour carried over too
     with rebooted.transaction() as txn:
