@@ -32,7 +32,7 @@ from support.host import IS_ROOT, REPO, sh, unique
 from support.kubeassets import kube_tool
 
 # Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
-# fixtures include dp, csi_driver and csi_controller.
+# fixtures include dp, csi_driver and ctl (the CSI controller).
 pytest_plugins = ["support.dpharness", "support.manifests", "support.csidriver", "support.csicontroller"]
 
 # ---------------------------------------------------------------- host snapshot for the leak check

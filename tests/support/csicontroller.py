@@ -1,7 +1,7 @@
 """The Controller and GroupController services over a real unix socket, with the real volume manager on loop-file
 volumes in a temporary directory (mkfs on plain files needs no root).
 
-Shared by the controller tests through its fixture ``csi_controller`` (tests/conftest.py registers this module as a
+Shared by the controller tests through its fixture ``ctl`` (tests/conftest.py registers this module as a
 plugin); request helpers are here, ``cap`` and ``expect`` in :mod:`support.csidriver`.
 """
 
@@ -31,6 +31,8 @@ from support.csidriver import cap
 
 MIB = 1 << 20
 NODE = "node-a"
+AccessMode = csi_pb2.VolumeCapability.AccessMode
+needs_mkfs_ext4 = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="needs mkfs.ext4 (e2fsprogs)")
 
 
 @dataclass
@@ -72,7 +74,7 @@ def gone(p: str | Path) -> bool:
 
 
 @pytest.fixture
-async def csi_controller(tmp_path: Path) -> AsyncIterator[ControllerEnv]:
+async def ctl(tmp_path: Path) -> AsyncIterator[ControllerEnv]:
     """The Controller and GroupController services over a unix socket, on loop-file volumes under ``tmp_path``; no
     root needed."""
     if shutil.which("mkfs.ext4") is None:

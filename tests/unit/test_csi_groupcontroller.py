@@ -23,8 +23,8 @@ class Env:
 
 
 @pytest.fixture
-def env(csi_controller: ControllerEnv) -> Env:
-    return Env(csi_controller.groups, csi_controller.stub, csi_controller.manager)
+def env(ctl: ControllerEnv) -> Env:
+    return Env(ctl.groups, ctl.stub, ctl.manager)
 
 
 def volumes(m: VolumeManager, n: int, access: str = "mount") -> list[str]:
