@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.cniexec import exec_plugin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
@@ -48,17 +49,9 @@ class Runtime:
             "CNI_PATH": self.cni_path,
             "CNI_ARGS": args,
         }
-        p = subprocess.run(
-            ["ip", "netns", "exec", self.host, str(exe)],
-            input=json.dumps(conf).encode(),
-            capture_output=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
-        out = json.loads(p.stdout) if p.stdout.strip() else None
-        if p.returncode != 0:
-            raise AssertionError(f"{plugin} {command} failed ({p.returncode}): {out} {p.stderr.decode()}")
+        code, out, err = exec_plugin(["ip", "netns", "exec", self.host, str(exe)], conf, env)
+        if code != 0:
+            raise AssertionError(f"{plugin} {command} failed ({code}): {out} {err}")
         return out
 
     def _plugin_conf(self, netlist: dict[str, Any], plugin: dict[str, Any], rc: dict[str, Any], prev: Any) -> Any:

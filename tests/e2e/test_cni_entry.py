@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,15 +19,12 @@ from typing import Any
 
 import pytest
 
+from support.agent import free_port
+from support.cniexec import exec_plugin
+
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
 ENTRY = str(Path(sys.executable).parent / "nodeplug-cni")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Agent:
@@ -103,16 +99,7 @@ def run(host: str, command: str, conf: dict[str, Any], cid: str, netns: str = ""
     env["CNI_PATH"] = "/usr/lib/cni"
     if netns:
         env["CNI_NETNS"] = netns
-    p = subprocess.run(
-        ["ip", "netns", "exec", host, *pre, ENTRY],
-        input=json.dumps(conf).encode(),
-        capture_output=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    out = json.loads(p.stdout) if p.stdout.strip() else None
-    return p.returncode, out, p.stderr.decode()
+    return exec_plugin(["ip", "netns", "exec", host, *pre, ENTRY], conf, env)
 
 
 def leases(tmp: Path) -> list[tuple[str, str]]:

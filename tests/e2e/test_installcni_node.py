@@ -25,6 +25,9 @@ import yaml
 from cni import thick
 from cni.cluster.subnets import NodeSubnets
 
+from support.cniexec import exec_plugin
+from support.processes import stop
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, bridges, nft"),
@@ -67,11 +70,8 @@ class Node:
         # the launcher asks this node's agent socket, not the machine's default (a real agent may serve that one)
         full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"],
                 thick.ENV_SOCKET: str(self.socket), **env}  # fmt: skip
-        p = subprocess.run(
-            self.nsenter(str(self.root / "opt/cni/bin/nodeplug")),
-            input=json.dumps(conf).encode(), env=full, capture_output=True, timeout=60, check=False,
-        )  # fmt: skip
-        return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}
+        code, out, _ = exec_plugin(self.nsenter(str(self.root / "opt/cni/bin/nodeplug")), conf, full)
+        return code, out or {}
 
     def network(self) -> dict[str, Any]:
         conflist = json.loads((self.root / "etc/cni/net.d/10-nodeplug.conflist").read_text())
@@ -124,12 +124,7 @@ def agent(node: Node, tmp_path: Path) -> Iterator[tuple[Path, int]]:
                 time.sleep(0.05)
             yield log_path, proc.pid
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 30)
 
 
 def test_standalone_then_thick_through_the_installed_bundle(

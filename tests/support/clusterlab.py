@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import ipaddress
-import json
 import os
 import secrets
 import signal
@@ -32,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from support.cniexec import exec_plugin
 from support.controlplane import CP_ADDR, Api, ControlPlane, missing_assets
 from support.host import REPO
 from support.netns import Netns
@@ -128,11 +128,8 @@ class Node:
     def cni(self, command: str, pod: str, cid: str) -> tuple[int, Any]:
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{pod}", "CNI_IFNAME": "eth0",
                "CNI_PATH": "/usr/lib/cni"}  # fmt: skip
-        p = subprocess.run(
-            ["ip", "netns", "exec", self.ns.name, "env", *(f"{k}={v}" for k, v in env.items()), ENTRY],
-            input=json.dumps(self.netconf()), capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        return p.returncode, json.loads(p.stdout) if p.stdout.strip() else None
+        code, out, _ = exec_plugin(["ip", "netns", "exec", self.ns.name, ENTRY], self.netconf(), {**os.environ, **env})
+        return code, out
 
 
 class Pod:

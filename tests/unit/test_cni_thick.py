@@ -241,6 +241,20 @@ def test_an_agent_dying_after_go_is_try_again_later(
     assert not list(tmp_path.glob("*.db"))  # the entry point did not redo the work
 
 
+def handed_on(path: Path, stdin: bytes, waited: float) -> dict[str, str]:
+    """The entry point's environment after the launcher sent the request to ``path`` and waited ``waited`` seconds
+    for its ACK in vain: the open connection is handed on, as the launcher hands it."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(path))
+    sock.sendall(thick.encode_request(ENV, stdin))
+    return {
+        **ENV,
+        thick.ENV_AGENT_FD: str(sock.detach()),
+        thick.ENV_AGENT_WAITED: str(waited),
+        thick.ENV_AGENT_TRIED: str(path),
+    }
+
+
 def test_the_entry_point_finishes_on_a_connection_the_launcher_handed_on(
     tmp_path: Path, fake_agent: Callable[[Callable[[socket.socket], None]], FakeAgent]
 ) -> None:
@@ -254,16 +268,7 @@ def test_the_entry_point_finishes_on_a_connection_the_launcher_handed_on(
 
     a = fake_agent(slow)
     stdin = json.dumps(ipam_only(tmp_path, a.path, agentTimeout=5)).encode()
-    sock = socket.socket(socket.AF_UNIX)
-    sock.connect(str(a.path))
-    sock.sendall(thick.encode_request(ENV, stdin))
-    env = {
-        **ENV,
-        thick.ENV_AGENT_FD: str(sock.detach()),
-        thick.ENV_AGENT_WAITED: "0.5",
-        thick.ENV_AGENT_TRIED: str(a.path),
-    }
-    code, out = run_entry(env, stdin)
+    code, out = run_entry(handed_on(a.path, stdin, waited=0.5), stdin)
     assert (code, out) == (0, {"cniVersion": "1.0.0"}) and a.connections == 1
 
 
@@ -273,16 +278,7 @@ def test_remaining_wait_is_what_agent_timeout_leaves(
     """The launcher already waited as long as agentTimeout allows: the entry point does not wait again."""
     a = fake_agent(lambda c: None)
     stdin = json.dumps(ipam_only(tmp_path, a.path, agentTimeout=0.5)).encode()
-    sock = socket.socket(socket.AF_UNIX)
-    sock.connect(str(a.path))
-    sock.sendall(thick.encode_request(ENV, stdin))
-    env = {
-        **ENV,
-        thick.ENV_AGENT_FD: str(sock.detach()),
-        thick.ENV_AGENT_WAITED: "0.5",
-        thick.ENV_AGENT_TRIED: str(a.path),
-    }
-    code, out = run_entry(env, stdin)
+    code, out = run_entry(handed_on(a.path, stdin, waited=0.5), stdin)
     assert code == 0 and out["ips"][0]["address"] == "10.60.0.2/24" and a.connections == 1
 
 
