@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -83,6 +84,18 @@ def _resource(version: str) -> type[Any]:
     return resource_v1.ResourceSlice if version == "v1" else resource_v1beta1.ResourceSlice
 
 
+@contextlib.contextmanager
+def _kube_errors(what: str) -> Iterator[None]:
+    """lightkube's failures as the agent's error tree: an error status is :class:`KubeApiError`, a transport failure
+    :class:`KubeUnavailable` naming ``what``."""
+    try:
+        yield
+    except ApiError as e:
+        raise KubeApiError(e.status.code or 0, e.status.reason or "", e.status.message or "") from None
+    except httpx2.HTTPError as e:
+        raise KubeUnavailable(f"{what}: {type(e).__name__}: {e}") from None
+
+
 class SliceWriter:
     """Writes ResourceSlices; every method returns the object as the API server stored it (a dict) or raises
     :class:`KubeError` (conflict included: the caller reconciles again from what the watch shows)."""
@@ -93,31 +106,21 @@ class SliceWriter:
         self.resource = _resource(version)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        try:
+        with _kube_errors("create ResourceSlice"):
             made = await self.client.api.create(self.resource.from_dict(obj))
-        except ApiError as e:
-            raise KubeApiError(e.status.code or 0, e.status.reason or "", e.status.message or "") from None
-        except httpx2.HTTPError as e:
-            raise KubeUnavailable(f"create ResourceSlice: {type(e).__name__}: {e}") from None
         out: dict[str, Any] = made.to_dict()
         return out
 
     async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
-        try:
+        with _kube_errors("replace ResourceSlice"):
             made = await self.client.api.replace(self.resource.from_dict(obj))
-        except ApiError as e:
-            raise KubeApiError(e.status.code or 0, e.status.reason or "", e.status.message or "") from None
-        except httpx2.HTTPError as e:
-            raise KubeUnavailable(f"replace ResourceSlice: {type(e).__name__}: {e}") from None
         out: dict[str, Any] = made.to_dict()
         return out
 
     async def delete(self, name: str) -> None:
         try:
-            await self.client.api.delete(self.resource, name)
-        except ApiError as e:
-            if e.status.code == 404:
-                return
-            raise KubeApiError(e.status.code or 0, e.status.reason or "", e.status.message or "") from None
-        except httpx2.HTTPError as e:
-            raise KubeUnavailable(f"delete ResourceSlice {name}: {type(e).__name__}: {e}") from None
+            with _kube_errors(f"delete ResourceSlice {name}"):
+                await self.client.api.delete(self.resource, name)
+        except KubeApiError as e:
+            if e.code != 404:  # gone already is what was asked
+                raise
