@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -37,42 +38,45 @@ def is_dns_subdomain(v: str) -> bool:
     return len(v) <= 253 and bool(_DNS_SUBDOMAIN.match(v))
 
 
-def check_namespace(v: object, field: str = "namespace") -> str:
-    if not isinstance(v, str) or not is_dns_label(v):
-        raise NameError_(f"{field}: expected a namespace (a DNS label), got {_show(v)}")
+def _checked(v: object, field: str, ok: Callable[[str], bool], expected: str) -> str:
+    """``v`` when it is a string that ``ok`` accepts; else NameError_ naming ``field`` and what was expected."""
+    if not isinstance(v, str) or not ok(v):
+        raise NameError_(f"{field}: expected {expected}, got {_show(v)}")
     return v
+
+
+def _is_pool(v: str) -> bool:
+    return bool(v) and len(v) <= 253 and all(is_dns_subdomain(p) for p in v.split("/"))
+
+
+def _is_request(v: str) -> bool:
+    return bool(v) and v.count("/") <= 1 and all(is_dns_label(p) for p in v.split("/"))
+
+
+def check_namespace(v: object, field: str = "namespace") -> str:
+    return _checked(v, field, is_dns_label, "a namespace (a DNS label)")
 
 
 def check_name(v: object, field: str = "name") -> str:
-    if not isinstance(v, str) or not is_dns_subdomain(v):
-        raise NameError_(f"{field}: expected an object name (a DNS subdomain), got {_show(v)}")
-    return v
+    return _checked(v, field, is_dns_subdomain, "an object name (a DNS subdomain)")
 
 
 def check_uid(v: object, field: str = "uid") -> str:
-    if not isinstance(v, str) or not _UID.match(v):
-        raise NameError_(f"{field}: expected a UID (a lower-case UUID), got {_show(v)}")
-    return v
+    return _checked(v, field, lambda s: bool(_UID.match(s)), "a UID (a lower-case UUID)")
 
 
 def check_device(v: object, field: str = "device") -> str:
-    if not isinstance(v, str) or not is_dns_label(v):
-        raise NameError_(f"{field}: expected a device name (a DNS label), got {_show(v)}")
-    return v
+    return _checked(v, field, is_dns_label, "a device name (a DNS label)")
 
 
 def check_pool(v: object, field: str = "pool") -> str:
     """A pool name: one or more DNS subdomains joined by ``/``, at most 253 characters."""
-    if not isinstance(v, str) or not v or len(v) > 253 or not all(is_dns_subdomain(p) for p in v.split("/")):
-        raise NameError_(f"{field}: expected a pool name (DNS subdomains joined by '/'), got {_show(v)}")
-    return v
+    return _checked(v, field, _is_pool, "a pool name (DNS subdomains joined by '/')")
 
 
 def check_request(v: object, field: str = "request") -> str:
     """A request name of a claim (a DNS label; ``<request>/<subrequest>`` in newer API versions)."""
-    if not isinstance(v, str) or not v or not all(is_dns_label(p) for p in v.split("/")) or v.count("/") > 1:
-        raise NameError_(f"{field}: expected a request name (a DNS label), got {_show(v)}")
-    return v
+    return _checked(v, field, _is_request, "a request name (a DNS label)")
 
 
 def is_c_identifier(v: str) -> bool:
