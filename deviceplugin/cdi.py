@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.config import Resource
+from deviceplugin.discovery import Device
 from deviceplugin.state import Listed
 from nodeplug.fsutil import write_atomic
 
@@ -78,32 +79,28 @@ def container_edits(res: Resource, entries: Sequence[Listed]) -> ContainerEdits:
     return out
 
 
+def device_node_edits(res: Resource, device: Device) -> list[dict[str, str]]:
+    """CDI ``deviceNodes`` for ``device``'s nodes, with the resource's permissions (device plugin and DRA alike)."""
+    return [{"path": n.container_path, "hostPath": n.host_path, "permissions": res.permissions} for n in device.nodes]
+
+
+def mount_edits(res: Resource) -> list[dict[str, Any]]:
+    """CDI ``mounts`` for the resource's configured mounts (bind mounts, read-only where configured)."""
+    out: list[dict[str, Any]] = []
+    for m in res.mounts:
+        access = "ro" if m.read_only else "rw"
+        out.append({"hostPath": m.host_path, "containerPath": m.container_path, "options": ["rbind", access]})
+    return out
+
+
 def build_spec(res: Resource, listing: Sequence[Listed]) -> dict[str, Any]:
     """The CDI spec of ``res`` for every listed ID (healthy or not: kubelet decides what it allocates)."""
-    devices = [
-        {
-            "name": e.id,
-            "containerEdits": {
-                "deviceNodes": [
-                    {"path": n.container_path, "hostPath": n.host_path, "permissions": res.permissions}
-                    for n in e.device.nodes
-                ]
-            },
-        }
-        for e in listing
-    ]
+    devices = [{"name": e.id, "containerEdits": {"deviceNodes": device_node_edits(res, e.device)}} for e in listing]
     edits: dict[str, Any] = {}
     if res.env:
         edits["env"] = [f"{k}={v}" for k, v in res.env.items()]
     if res.mounts:
-        edits["mounts"] = [
-            {
-                "hostPath": m.host_path,
-                "containerPath": m.container_path,
-                "options": ["rbind", "ro" if m.read_only else "rw"],
-            }
-            for m in res.mounts
-        ]
+        edits["mounts"] = mount_edits(res)
     spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind(res), "devices": devices}
     if edits:
         spec["containerEdits"] = edits

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cdi import CDI_VERSION
+from deviceplugin.cdi import CDI_VERSION, device_node_edits, mount_edits
 from deviceplugin.config import Resource
 from deviceplugin.discovery import Device
 from nodeplug.fsutil import write_atomic
@@ -60,21 +60,11 @@ def build(driver: str, uid: str, devices: Sequence[ClaimDevice]) -> dict[str, An
     for d in devices:
         res = d.resource
         edits: dict[str, Any] = {
-            "deviceNodes": [
-                {"path": n.container_path, "hostPath": n.host_path, "permissions": res.permissions}
-                for n in d.device.nodes
-            ],
+            "deviceNodes": device_node_edits(res, d.device),
             "env": [f"{k}={v}" for k, v in res.env.items()] + [f"{res.env_name}={','.join(ids[res.name])}"],
         }
         if res.mounts:
-            edits["mounts"] = [
-                {
-                    "hostPath": m.host_path,
-                    "containerPath": m.container_path,
-                    "options": ["rbind", "ro" if m.read_only else "rw"],
-                }
-                for m in res.mounts
-            ]
+            edits["mounts"] = mount_edits(res)
         entries.append({"name": cdi_name(uid, d.name), "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": kind(driver), "devices": entries}
 
