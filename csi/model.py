@@ -41,6 +41,19 @@ def validate_id(kind: str, value: str) -> str:
     return value
 
 
+def issued(kind: str, value: str) -> bool:
+    """Whether ``value`` is an id this driver could have issued; an empty one is still InvalidArgument (the field is
+    required). For the calls where an id never issued simply names nothing: a delete of it is done already, a lookup
+    finds nothing."""
+    if not value:
+        raise InvalidArgument(f"{kind}: required field is missing")
+    try:
+        validate_id(kind, value)
+    except InvalidArgument:
+        return False
+    return True
+
+
 def derive_id(prefix: str, name: str) -> str:
     """The id for the CO's ``name``: the same name always gives the same id, so a retry after a crash finds what
     the interrupted attempt left."""

@@ -24,7 +24,7 @@ from csi import holders, mounts
 from csi.backends import Backend, fileops
 from csi.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from csi.locks import OperationLocks
-from csi.model import GroupSnapshot, Snapshot, Volume, derive_id, validate_id, validate_name
+from csi.model import GroupSnapshot, Snapshot, Volume, derive_id, issued, validate_id, validate_name
 from csi.state import StateStore
 from nodeplug.log import get_logger
 
@@ -169,11 +169,7 @@ class Snapshots:
         return done
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        if not snapshot_id:
-            raise InvalidArgument("snapshot_id: required field is missing")
-        try:
-            validate_id("snapshot_id", snapshot_id)
-        except InvalidArgument:
+        if not issued("snapshot_id", snapshot_id):
             return
         with self.locks.hold(f"snapshot/{snapshot_id}"):
             s = self.store.get_snapshot(snapshot_id)
@@ -272,11 +268,7 @@ class Snapshots:
             )
 
     def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids: list[str]) -> None:
-        if not group_snapshot_id:
-            raise InvalidArgument("group_snapshot_id: required field is missing")
-        try:
-            validate_id("group_snapshot_id", group_snapshot_id)
-        except InvalidArgument:
+        if not issued("group_snapshot_id", group_snapshot_id):
             return
         with self.locks.hold(f"group/{group_snapshot_id}"):
             g = self.store.get_group_snapshot(group_snapshot_id)
@@ -293,12 +285,8 @@ class Snapshots:
     def get_group_snapshot(
         self, group_snapshot_id: str, snapshot_ids: list[str]
     ) -> tuple[GroupSnapshot, list[Snapshot]]:
-        if not group_snapshot_id:
-            raise InvalidArgument("group_snapshot_id: required field is missing")
-        try:
-            validate_id("group_snapshot_id", group_snapshot_id)
-        except InvalidArgument:  # an id this driver never issues: no such group
-            raise NotFound(f"group snapshot {group_snapshot_id[:128]!r} does not exist") from None
+        if not issued("group_snapshot_id", group_snapshot_id):
+            raise NotFound(f"group snapshot {group_snapshot_id[:128]!r} does not exist")
         g = self.store.get_group_snapshot(group_snapshot_id)
         if g is None:
             raise NotFound(f"group snapshot {group_snapshot_id} does not exist")

@@ -51,6 +51,7 @@ from csi.model import (
     Volume,
     VolumeSource,
     derive_id,
+    issued,
     validate_id,
     validate_name,
 )
@@ -301,11 +302,7 @@ class VolumeManager:
 
     def delete_volume(self, volume_id: str) -> None:
         """Delete a volume; one that does not exist (or an id this driver never issues) is already deleted."""
-        if not volume_id:
-            raise InvalidArgument("volume_id: required field is missing")
-        try:
-            validate_id("volume_id", volume_id)
-        except InvalidArgument:
+        if not issued("volume_id", volume_id):
             return
         v = self.store.get_volume(volume_id)
         if v is None:
