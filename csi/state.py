@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from csi.errors import Aborted
 from csi.model import AccessType, Backend, GroupSnapshot, PublishRecord, Snapshot, StageRecord, Volume
 from nodeplug.sqlitedb import Database
+
+T = TypeVar("T")
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: release 0.1.0
@@ -187,18 +190,21 @@ class StateStore:
         row: sqlite3.Row | None = self.db.execute(sql, args).fetchone()
         return row
 
+    def _find(self, table: str, cols: str, column: str, value: str, load: Callable[[sqlite3.Row], T]) -> T | None:
+        """The row of ``table`` whose ``column`` (a unique key) is ``value``, loaded; None when there is none."""
+        row = self._one(f"SELECT {cols} FROM {table} WHERE {column} = ?", (value,))
+        return load(row) if row else None
+
     def close(self) -> None:
         self.db.close()
 
     # ------------------------------------------------------------ volumes
 
     def get_volume(self, volume_id: str) -> Volume | None:
-        row = self._one(f"SELECT {_VOL_COLS} FROM volumes WHERE volume_id = ?", (volume_id,))
-        return _volume(row) if row else None
+        return self._find("volumes", _VOL_COLS, "volume_id", volume_id, _volume)
 
     def get_volume_by_name(self, name: str) -> Volume | None:
-        row = self._one(f"SELECT {_VOL_COLS} FROM volumes WHERE name = ?", (name,))
-        return _volume(row) if row else None
+        return self._find("volumes", _VOL_COLS, "name", name, _volume)
 
     def put_volume(self, v: Volume) -> None:
         """Insert or replace (by volume_id) a volume; its list position is kept on replace."""
@@ -259,12 +265,10 @@ class StateStore:
     # ------------------------------------------------------------ snapshots
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
-        row = self._one(f"SELECT {_SNAP_COLS} FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
-        return _snapshot(row) if row else None
+        return self._find("snapshots", _SNAP_COLS, "snapshot_id", snapshot_id, _snapshot)
 
     def get_snapshot_by_name(self, name: str) -> Snapshot | None:
-        row = self._one(f"SELECT {_SNAP_COLS} FROM snapshots WHERE name = ?", (name,))
-        return _snapshot(row) if row else None
+        return self._find("snapshots", _SNAP_COLS, "name", name, _snapshot)
 
     def put_snapshot(self, s: Snapshot) -> None:
         with self.db.transaction() as c:
@@ -285,12 +289,10 @@ class StateStore:
     # ------------------------------------------------------------ group snapshots
 
     def get_group_snapshot(self, group_snapshot_id: str) -> GroupSnapshot | None:
-        row = self._one("SELECT * FROM group_snapshots WHERE group_snapshot_id = ?", (group_snapshot_id,))
-        return _group(row) if row else None
+        return self._find("group_snapshots", "*", "group_snapshot_id", group_snapshot_id, _group)
 
     def get_group_snapshot_by_name(self, name: str) -> GroupSnapshot | None:
-        row = self._one("SELECT * FROM group_snapshots WHERE name = ?", (name,))
-        return _group(row) if row else None
+        return self._find("group_snapshots", "*", "name", name, _group)
 
     def put_group_snapshot(self, g: GroupSnapshot, members: list[Snapshot]) -> None:
         """Record a group snapshot and all its member snapshots in one transaction."""
