@@ -33,6 +33,7 @@ from cni.types import (
     Result,
     Route,
     _bad,
+    get_int,
     parse_address,
     parse_network,
     repr_without,
@@ -161,15 +162,6 @@ def _get_bool(d: Mapping[str, Any], key: str, where: str = "") -> bool:
         return False
     if not isinstance(v, bool):
         raise _bad(f"{where}{key}", "true or false", v)
-    return v
-
-
-def _get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, where: str = "") -> int | None:
-    v = d.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _bad(f"{where}{key}", f"an integer from {lo} to {hi}", v)
     return v
 
 
@@ -395,7 +387,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
     if not agent_timeout_ok(agent_timeout):
         raise _bad("agentTimeout", "a number of seconds above 0 and at most 60", agent_timeout)
     ipam_conf = parse_ipam(ipam) if ipam_type == PLUGIN_TYPE else None
-    mtu = _get_int(d, "mtu", 68, 65535)
+    mtu = get_int(d, "mtu", 68, 65535)
     if mtu is None and ipam_conf is not None:
         mtu = ipam_conf.mtu  # the cluster network's pod MTU (overlay overhead accounted for), unless set here
     return BridgeConf(
@@ -410,7 +402,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
         ip_masq=_get_bool(d, "ipMasq"),
         hairpin_mode=_get_bool(d, "hairpinMode"),
         promisc_mode=_get_bool(d, "promiscMode"),
-        vlan=_get_int(d, "vlan", 0, 4094),
+        vlan=get_int(d, "vlan", 0, 4094),
         ipam=ipam,
         ipam_conf=ipam_conf,
         dns=DNS.from_dict(d.get("dns")),

@@ -57,12 +57,14 @@ def _str(d: Mapping[str, Any], key: str, where: str, required: bool = False) -> 
     return v
 
 
-def _int(d: Mapping[str, Any], key: str, where: str, lo: int, hi: int) -> int | None:
+def get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, where: str = "") -> int | None:
+    """``d[key]``: absent is None, else an integer from ``lo`` to ``hi`` (a bool is not one); the error names the
+    field as ``where`` + ``key`` (``where`` ends with its own dot)."""
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _bad(f"{where}.{key}", f"an integer from {lo} to {hi}", v)
+        raise _bad(f"{where}{key}", f"an integer from {lo} to {hi}", v)
     return v
 
 
@@ -125,10 +127,30 @@ class Interface(NamedTuple):
             name=_str(d, "name", where, required=True),
             mac=_str(d, "mac", where),
             sandbox=_str(d, "sandbox", where),
-            mtu=_int(d, "mtu", where, 0, 65535),
+            mtu=get_int(d, "mtu", 0, 65535, f"{where}."),
             socket_path=_str(d, "socketPath", where),
             pci_id=_str(d, "pciID", where),
         )
+
+
+def _object_with(d: Any, key: str, where: str) -> dict[str, Any]:
+    """``d`` when it is an object holding ``key``."""
+    if not isinstance(d, dict):
+        raise _bad(where, "an object", d)
+    if key not in d:
+        raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.{key}: required field is missing")
+    return d
+
+
+def _gateway(d: Mapping[str, Any], key: str, where: str, version: int, like: str) -> IPAddress | None:
+    """The optional gateway ``d[key]`` ("" is absent too), an address of IP ``version`` like ``like``'s."""
+    raw = d.get(key)
+    if raw in (None, ""):
+        return None
+    gateway = parse_address(raw, f"{where}.{key}")
+    if gateway.version != version:
+        raise _bad(f"{where}.{key}", f"an IPv{version} address like {like}", raw)
+    return gateway
 
 
 class IPConfig(NamedTuple):
@@ -150,16 +172,10 @@ class IPConfig(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "ips[0]") -> IPConfig:
-        if not isinstance(d, dict):
-            raise _bad(where, "an object", d)
-        if "address" not in d:
-            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.address: required field is missing")
+        d = _object_with(d, "address", where)
         address = parse_interface_address(d["address"], f"{where}.address")
-        gw = d.get("gateway")
-        gateway = parse_address(gw, f"{where}.gateway") if gw not in (None, "") else None
-        if gateway is not None and gateway.version != address.version:
-            raise _bad(f"{where}.gateway", f"an IPv{address.version} address like the address", gw)
-        return cls(address, gateway, _int(d, "interface", where, 0, 1 << 31))
+        gateway = _gateway(d, "gateway", where, address.version, "the address")
+        return cls(address, gateway, get_int(d, "interface", 0, 1 << 31, f"{where}."))
 
 
 class Route(NamedTuple):
@@ -183,23 +199,16 @@ class Route(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "routes[0]") -> Route:
-        if not isinstance(d, dict):
-            raise _bad(where, "an object", d)
-        if "dst" not in d:
-            raise CniError(INVALID_NETWORK_CONFIG, details=f"{where}.dst: required field is missing")
+        d = _object_with(d, "dst", where)
         dst = parse_network(d["dst"], f"{where}.dst")
-        gw_raw = d.get("gw")
-        gw = parse_address(gw_raw, f"{where}.gw") if gw_raw not in (None, "") else None
-        if gw is not None and gw.version != dst.version:
-            raise _bad(f"{where}.gw", f"an IPv{dst.version} address like dst", gw_raw)
         return cls(
             dst,
-            gw,
-            mtu=_int(d, "mtu", where, 0, 65535),
-            advmss=_int(d, "advmss", where, 0, 65535),
-            priority=_int(d, "priority", where, 0, (1 << 32) - 1),
-            table=_int(d, "table", where, 0, (1 << 32) - 1),
-            scope=_int(d, "scope", where, 0, 255),
+            _gateway(d, "gw", where, dst.version, "dst"),
+            mtu=get_int(d, "mtu", 0, 65535, f"{where}."),
+            advmss=get_int(d, "advmss", 0, 65535, f"{where}."),
+            priority=get_int(d, "priority", 0, (1 << 32) - 1, f"{where}."),
+            table=get_int(d, "table", 0, (1 << 32) - 1, f"{where}."),
+            scope=get_int(d, "scope", 0, 255, f"{where}."),
         )
 
 
