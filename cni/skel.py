@@ -115,6 +115,18 @@ class Request(NamedTuple):
 Handler = Callable[[Request], Result | None]  # a Result for ADD, None otherwise
 
 
+# What a CNI_* variable must look like when set (whether it must be set depends on the command: _REQUIRED).
+_ENV_RULES: tuple[tuple[str, Callable[[str], object], str], ...] = (
+    (
+        "CNI_CONTAINERID",
+        lambda v: _CONTAINER_ID.match(v),
+        "letters, digits, '_', '.' and '-' starting with a letter or digit",
+    ),
+    ("CNI_IFNAME", netconf.ifname_ok, netconf.IFNAME_RULE),
+    ("CNI_NETNS", lambda v: v.startswith("/"), "an absolute path"),
+)
+
+
 def parse_env(env: Mapping[str, str]) -> tuple[str, str, str, str, CniArgs, tuple[str, ...]]:
     """Validate the CNI_* variables; (command, container id, netns, ifname, args, path) or code 4."""
     command = env.get("CNI_COMMAND", "")
@@ -131,19 +143,11 @@ def parse_env(env: Mapping[str, str]) -> tuple[str, str, str, str, CniArgs, tupl
             details=f"{', '.join(missing)}: required environment variable{'s are' if len(missing) > 1 else ' is'} "
             f"missing for {command}",
         )
-    cid = env.get("CNI_CONTAINERID", "")
-    if cid and not _CONTAINER_ID.match(cid):
-        raise CniError(
-            INVALID_ENVIRONMENT,
-            details=f"CNI_CONTAINERID: expected letters, digits, '_', '.' and '-' starting with a letter or digit, "
-            f"got {cid!r}",
-        )
-    ifname = env.get("CNI_IFNAME", "")
-    if ifname and not netconf.ifname_ok(ifname):
-        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_IFNAME: expected {netconf.IFNAME_RULE}, got {ifname!r}")
-    netns = env.get("CNI_NETNS", "")
-    if netns and not netns.startswith("/"):
-        raise CniError(INVALID_ENVIRONMENT, details=f"CNI_NETNS: expected an absolute path, got {netns!r}")
+    for var, ok, expected in _ENV_RULES:
+        value = env.get(var, "")
+        if value and not ok(value):
+            raise CniError(INVALID_ENVIRONMENT, details=f"{var}: expected {expected}, got {value!r}")
+    cid, netns, ifname = env.get("CNI_CONTAINERID", ""), env.get("CNI_NETNS", ""), env.get("CNI_IFNAME", "")
     path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
     return command, cid, netns, ifname, parse_cni_args(env.get("CNI_ARGS", "")), path
 
