@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from cni.errors import INVALID_NETWORK_CONFIG, CniError
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+T = TypeVar("T")
 EMPTY: Mapping[str, Any] = MappingProxyType({})  # the default of mapping fields: shared, so read-only
 
 
@@ -68,33 +69,30 @@ def get_int(d: Mapping[str, Any], key: str, lo: int, hi: int, where: str = "") -
     return v
 
 
+def _parsed(v: Any, where: str, expected: str, parse: Callable[[str], T], cidr: bool = False) -> T:
+    """``parse(v)`` for a string ``v`` (with a ``/`` when ``cidr``); anything else is code 7 naming ``where``."""
+    if not isinstance(v, str) or (cidr and "/" not in v):
+        raise _bad(where, expected, v)
+    try:
+        return parse(v)
+    except ValueError:
+        raise _bad(where, expected, v) from None
+
+
 def parse_interface_address(v: Any, where: str) -> IPInterface:
     """``"10.1.0.5/24"`` (an address with its prefix length) -> IPv4Interface / IPv6Interface."""
-    if not isinstance(v, str) or "/" not in v:
-        raise _bad(where, "an address in CIDR notation like 10.22.0.5/24", v)
-    try:
-        return ipaddress.ip_interface(v)
-    except ValueError:
-        raise _bad(where, "an address in CIDR notation like 10.22.0.5/24", v) from None
+    return _parsed(v, where, "an address in CIDR notation like 10.22.0.5/24", ipaddress.ip_interface, cidr=True)
 
 
 def parse_address(v: Any, where: str) -> IPAddress:
-    if not isinstance(v, str):
-        raise _bad(where, "an IP address", v)
-    try:
-        return ipaddress.ip_address(v)
-    except ValueError:
-        raise _bad(where, "an IP address", v) from None
+    return _parsed(v, where, "an IP address", ipaddress.ip_address)
 
 
 def parse_network(v: Any, where: str) -> IPNetwork:
     """A destination like ``"0.0.0.0/0"``; host bits are allowed and masked off (as the Go reference does)."""
-    if not isinstance(v, str) or "/" not in v:
-        raise _bad(where, "a network in CIDR notation like 10.22.0.0/16", v)
-    try:
-        return ipaddress.ip_network(v, strict=False)
-    except ValueError:
-        raise _bad(where, "a network in CIDR notation like 10.22.0.0/16", v) from None
+    return _parsed(
+        v, where, "a network in CIDR notation like 10.22.0.0/16", lambda s: ipaddress.ip_network(s, strict=False), True
+    )
 
 
 class Interface(NamedTuple):
