@@ -33,6 +33,13 @@ _log = get_logger("csi")
 PASSTHROUGH_PREFIXES = ("csi.storage.k8s.io/",)
 
 
+def takes_no_parameters(parameters: Mapping[str, str], what: str) -> None:
+    """Refuse every parameter but those the sidecars pass through (``csi.storage.k8s.io/...``)."""
+    for key in parameters:
+        if not key.startswith(PASSTHROUGH_PREFIXES):
+            raise InvalidArgument(f"parameters.{key}: unknown parameter ({what} take none)")
+
+
 def _mounted_there(v: Volume, path: str) -> bool:
     """True when volume ``v``'s filesystem is what is mounted at ``path`` (see :mod:`csi.holders`)."""
     return mounts.is_mounted(path) and holders.holds(v, Path(v.path), path)
@@ -106,9 +113,7 @@ class Snapshots:
         validate_name("name", name)
         if not source_volume_id:
             raise InvalidArgument("source_volume_id: required field is missing")
-        for key in parameters:
-            if not key.startswith(PASSTHROUGH_PREFIXES):
-                raise InvalidArgument(f"parameters.{key}: unknown parameter (snapshots take none)")
+        takes_no_parameters(parameters, "snapshots")
         with self.locks.hold(f"snapname/{name}"):
             existing = self.store.get_snapshot_by_name(name)
             if existing is not None:
@@ -212,9 +217,7 @@ class Snapshots:
             raise InvalidArgument("source_volume_ids: required field is missing")
         if len(set(source_volume_ids)) != len(source_volume_ids):
             raise InvalidArgument("source_volume_ids: a volume is listed twice")
-        for key in parameters:
-            if not key.startswith(PASSTHROUGH_PREFIXES):
-                raise InvalidArgument(f"parameters.{key}: unknown parameter (group snapshots take none)")
+        takes_no_parameters(parameters, "group snapshots")
         with self.locks.hold(f"groupname/{name}"):
             existing = self.store.get_group_snapshot_by_name(name)
             if existing is not None:
