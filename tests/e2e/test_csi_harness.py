@@ -132,9 +132,7 @@ async def test_kill_9_while_published_then_restart_loses_nothing() -> None:
             await d.stage(vid)  # kubelet's retries find everything as it was
             await d.publish(vid)
             assert (target / "f").read_bytes() == b"durable"
-            await d.unpublish(vid, target)
-            await d.unstage(vid)
-            await d.delete(vid)
+            await d.take_down(vid, target)
             assert d.mounts_under_root() == [] and d.loops_under_root() == []
     finally:
         end(proc)

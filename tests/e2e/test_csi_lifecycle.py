@@ -7,8 +7,6 @@ import asyncio
 import errno
 import os
 import stat
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -163,9 +161,7 @@ async def test_reboot_loses_mounts_and_loop_devices_and_stage_restores_them() ->
         await d.stage(vid)  # kubelet stages and publishes again after the reboot
         await d.publish(vid)
         assert (target / "f").read_bytes() == b"survives"
-        await d.unpublish(vid, target)
-        await d.unstage(vid)
-        await d.delete(vid)
+        await d.take_down(vid, target)
 
 
 async def test_ephemeral_inline_volume() -> None:
@@ -258,9 +254,7 @@ async def test_online_expansion_keeps_data(fs: str, size: int) -> None:
         after = (await d.stats(vid, target)).usage[0].total
         assert after > before * 1.8
         assert (target / "data").read_bytes() == payload
-        await d.unpublish(vid, target)
-        await d.unstage(vid)
-        await d.delete(vid)
+        await d.take_down(vid, target)
 
 
 async def test_block_expansion_refreshes_loop_size() -> None:
@@ -278,20 +272,13 @@ async def test_block_expansion_refreshes_loop_size() -> None:
         )
         assert resp.capacity_bytes == 128 * MiB
         assert (await d.stats(vid, dev)).usage[0].total == 128 * MiB
-        await d.unpublish(vid, dev)
-        await d.unstage(vid)
-        await d.delete(vid)
+        await d.take_down(vid, dev)
 
 
-async def test_btrfs_subvolume_lifecycle(loop_device: Callable[[int], str]) -> None:
-    dev = loop_device(512 * MiB)
-    sh("mkfs.btrfs", "-q", "-f", dev)
-    root = Path(tempfile.mkdtemp(prefix="npcsi", dir="/tmp"))
-    mnt = root / "mnt" / "btrfs"  # the configured path is a host path, read through the agent's root
-    mnt.mkdir(parents=True)
-    sh("mount", dev, str(mnt))
+async def test_btrfs_subvolume_lifecycle(btrfs_root: Path) -> None:
+    mnt = btrfs_root / "mnt" / "btrfs"
     config = Config(btrfs=BtrfsConfig(enabled=True, path="/mnt/btrfs"))
-    async with running_driver(config, root) as d:  # its teardown unmounts everything under root
+    async with running_driver(config, btrfs_root) as d:  # its teardown unmounts everything under root
         vid = (await d.create("pvc-btrfs", 64 * MiB, fs="btrfs", backend="btrfs")).volume_id
         staging = await d.stage(vid, fs="btrfs")
         target = await d.publish(vid, fs="btrfs")
@@ -330,9 +317,7 @@ async def test_many_volumes_at_once() -> None:
         assert len({t for _, t in published}) == 12 and len(d.loops_under_root()) == 12
 
         async def down(vid: str, target: Path) -> None:
-            await d.unpublish(vid, target)
-            await d.unstage(vid)
-            await d.delete(vid)
+            await d.take_down(vid, target)
 
         await asyncio.gather(*(down(v, t) for v, t in published))
         assert d.mounts_under_root() == [] and d.loops_under_root() == []
@@ -361,9 +346,7 @@ async def test_expansion_while_unstaged_is_finished_by_stage(fs: str, size: int)
         )
         assert resp.capacity_bytes == 2 * size
         assert (target / "data").read_bytes() == b"before growth"
-        await d.unpublish(vid, target)
-        await d.unstage(vid)
-        await d.delete(vid)
+        await d.take_down(vid, target)
 
 
 async def test_restart_thaws_a_filesystem_a_crash_left_frozen() -> None:

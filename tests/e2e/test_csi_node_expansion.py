@@ -52,6 +52,4 @@ async def test_node_expand_alone_grows_backing_and_filesystem(access: str) -> No
         # The volume's record says so too (what CreateSnapshot, GetCapacity and a restart go by).
         listed = await d.controller.ListVolumes(csi_pb2.ListVolumesRequest())
         assert {e.volume.volume_id: e.volume.capacity_bytes for e in listed.entries}[vid] >= new
-        await d.unpublish(vid, target)
-        await d.unstage(vid)
-        await d.delete(vid)
+        await d.take_down(vid, target)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from support.agent import AgentProcess
 from support.csidriver import DRIVER, cleanup_under, loops_under, mounts_under
-from support.host import REPO, sh
+from support.host import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the driver creates loop devices and mounts")
 
@@ -114,20 +113,9 @@ def test_csi_sanity_loop_file_volumes(sanity: Path, csi_agent: Callable[..., Age
     assert mounts_under(agent.root) == [] and loops_under(agent.root) == []  # every volume taken down again
 
 
-def test_csi_sanity_btrfs_subvolumes(
-    sanity: Path, csi_agent: Callable[..., AgentProcess], loop_device: Callable[[int], str]
-) -> None:
-    dev = loop_device(512 * MiB)
-    sh("mkfs.btrfs", "-q", "-f", dev)
-    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
-    btrfs = root / "mnt" / "btrfs"  # the configured path is a host path, read through the agent's root
-    btrfs.mkdir(parents=True)
-    sh("mount", dev, str(btrfs))
-    try:
-        agent = csi_agent("csi:\n  btrfs:\n    enabled: true\n    path: /mnt/btrfs\n", root)
-        agent.wait_healthy()
-        print(run_sanity(sanity, agent, block=False, params={"backend": "btrfs"}))
-        assert agent.stop() == 0
-        assert mounts_under(root) == [str(btrfs)] and loops_under(root) == []
-    finally:
-        sh("umount", "-l", str(btrfs), check=False)
+def test_csi_sanity_btrfs_subvolumes(btrfs_root: Path, sanity: Path, csi_agent: Callable[..., AgentProcess]) -> None:
+    agent = csi_agent("csi:\n  btrfs:\n    enabled: true\n    path: /mnt/btrfs\n", btrfs_root)
+    agent.wait_healthy()
+    print(run_sanity(sanity, agent, block=False, params={"backend": "btrfs"}))
+    assert agent.stop() == 0
+    assert mounts_under(btrfs_root) == [str(btrfs_root / "mnt" / "btrfs")] and loops_under(btrfs_root) == []

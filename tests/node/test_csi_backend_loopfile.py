@@ -133,19 +133,12 @@ def test_copies_of_a_staged_volume_mount_beside_it(
         manager.store.put_stage(StageRecord(v.volume_id, str(staging), loopdev.rw_device(Path(v.path)) or ""))
         (m / "f").write_text("before")
         snap = manager.snapshots.create_snapshot(f"s-{fs}", v.volume_id, {})
-        restored = manager.create_volume(
-            f"r-{fs}",
-            capacity_range=CapacityRange(400 * MIB),
-            access_type="mount",
-            fs_type=fs,
-            source=VolumeSource("snapshot", snap.snapshot_id),
-        )
-        clone = manager.create_volume(
-            f"c-{fs}",
-            capacity_range=CapacityRange(300 * MIB),
-            access_type="mount",
-            fs_type=fs,
-            source=VolumeSource("volume", v.volume_id),
+        restored, clone = (
+            manager.create_volume(name, capacity_range=CapacityRange(size), access_type="mount", fs_type=fs, source=src)
+            for name, size, src in (
+                (f"r-{fs}", 400 * MIB, VolumeSource("snapshot", snap.snapshot_id)),
+                (f"c-{fs}", 300 * MIB, VolumeSource("volume", v.volume_id)),
+            )
         )
         with mounted(restored, tmp_path / "m-r", mounts) as r, mounted(clone, tmp_path / "m-c", mounts) as c:
             assert (r / "f").read_text() == "before" and (c / "f").read_text() == "before"

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from csi.plugin import CsiPlugin, create
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
+from support.host import sh
 
 DRIVER = "local.csi.nodeplug.io"
 Cap = csi_pb2.VolumeCapability
@@ -135,6 +137,12 @@ class Driver:
     async def delete(self, volume_id: str) -> None:
         await self.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=volume_id))
 
+    async def take_down(self, volume_id: str, target: Path) -> None:
+        """What happens when the pod and then its claim go: unpublish from ``target``, unstage, delete."""
+        await self.unpublish(volume_id, target)
+        await self.unstage(volume_id)
+        await self.delete(volume_id)
+
     async def stats(self, volume_id: str, path: Path) -> Any:
         return await self.node.NodeGetVolumeStats(
             csi_pb2.NodeGetVolumeStatsRequest(volume_id=volume_id, volume_path=str(path))
@@ -208,3 +216,21 @@ async def csi_driver() -> AsyncIterator[Driver]:
         pytest.skip("needs root: the CSI driver creates loop devices and mounts")
     async with running_driver() as d:
         yield d
+
+
+@pytest.fixture
+def btrfs_root(loop_device: Callable[[int], str]) -> Iterator[Path]:
+    """An agent root (short, under /tmp) whose ``/mnt/btrfs`` is a fresh btrfs filesystem on a loop device of the
+    test's own (the configured btrfs path is a host path, read through the agent's root); unmounted and removed
+    after the test."""
+    dev = loop_device(512 * MiB)
+    sh("mkfs.btrfs", "-q", "-f", dev)
+    root = Path(tempfile.mkdtemp(prefix="npcsi", dir="/tmp"))
+    mnt = root / "mnt" / "btrfs"
+    mnt.mkdir(parents=True)
+    sh("mount", dev, str(mnt))
+    try:
+        yield root
+    finally:
+        cleanup_under(root)  # the btrfs mount, and whatever a failed test left mounted or attached below root
+        shutil.rmtree(root, ignore_errors=True)
