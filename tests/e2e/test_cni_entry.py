@@ -110,12 +110,17 @@ def leases(tmp: Path) -> list[tuple[str, str]]:
         return sorted(c.execute("SELECT container_id, ip FROM leases").fetchall())
 
 
-def test_thick_mode_add_check_del_through_the_agent(
-    sh: Callable[..., str], agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
-) -> None:
+@pytest.fixture
+def served(agent: Agent, netns: Callable[[], str], tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """The agent started; a network config naming its socket, and a pod's network namespace (path)."""
     agent.start()
-    conf = netconf(tmp_path, agent.sock)
-    pod = f"/run/netns/{netns()}"
+    return netconf(tmp_path, agent.sock), f"/run/netns/{netns()}"
+
+
+def test_thick_mode_add_check_del_through_the_agent(
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
+) -> None:
+    conf, pod = served
     code, res, err = run(host, "ADD", conf, "thick1", pod)
     assert code == 0, (res, err)
     assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
@@ -145,11 +150,9 @@ def test_thick_mode_add_imports_no_netlink_in_the_entry_point(
 
 
 def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
-    sh: Callable[..., str], agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
 ) -> None:
-    agent.start()
-    conf = netconf(tmp_path, agent.sock)
-    pod = f"/run/netns/{netns()}"
+    conf, pod = served
     code, res, _ = run(host, "ADD", conf, "orphan", pod)
     assert code == 0 and leases(tmp_path) == [("orphan", "10.94.0.2")]
     agent.stop(signal.SIGKILL)  # the socket file stays behind, nobody listens

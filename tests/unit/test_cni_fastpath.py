@@ -9,7 +9,6 @@ each failure mode can be produced on purpose.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ from hypothesis import strategies as st
 
 from cni import thick, versions
 from cni.launcher import protocol
+
+from support.unixlistener import UnixListener
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [REPO / "cni/launcher/launcher.c", REPO / "cni/launcher/fastpath.c"]
@@ -101,24 +102,15 @@ class StandIn:
         self.path = path
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.got_go = 0
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
         self.behave = behave
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        self.listener = UnixListener(path, self._serve)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                env_size, stdin_size = thick.parse_header(thick._recv_exact(conn, thick.HEADER_SIZE))
-                env, stdin = thick.parse_body(thick._recv_exact(conn, env_size + stdin_size), env_size)
-                self.requests.append((env, stdin))
-                self.behave(self, conn, env, stdin)
+    def _serve(self, conn: socket.socket) -> None:  # one connection at a time, on the listener's thread
+        with conn:
+            env_size, stdin_size = thick.parse_header(thick._recv_exact(conn, thick.HEADER_SIZE))
+            env, stdin = thick.parse_body(thick._recv_exact(conn, env_size + stdin_size), env_size)
+            self.requests.append((env, stdin))
+            self.behave(self, conn, env, stdin)
 
     def ack_and_go(self, conn: socket.socket) -> None:
         conn.sendall(thick.ACK)
@@ -126,11 +118,7 @@ class StandIn:
         self.got_go += 1
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
-        self.sock.close()
-        self.thread.join(5)
-        assert not self.thread.is_alive()
+        self.listener.close()
 
 
 def answers(code: int, out: bytes) -> Behave:

@@ -28,6 +28,8 @@ from cni.types import Result
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
+from support.unixlistener import UnixListener
+
 ENV = {
     "CNI_COMMAND": "ADD",
     "CNI_CONTAINERID": "c1",
@@ -173,28 +175,20 @@ class FakeAgent:
     """Accepts connections on a unix socket and hands each to ``serve`` on its own thread; counts them."""
 
     def __init__(self, path: Path, serve: Callable[[socket.socket], None]) -> None:
-        self.path, self.serve, self.connections = path, serve, 0
-        self.srv = socket.socket(socket.AF_UNIX)
-        self.srv.bind(str(path))
-        self.srv.listen(8)
+        self.path, self.serve = path, serve
         self.conns: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
+        self.listener = UnixListener(path, self._accepted)
 
-    def _loop(self) -> None:
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self.conns.append(c)
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+    @property
+    def connections(self) -> int:
+        return self.listener.connections
+
+    def _accepted(self, c: socket.socket) -> None:
+        self.conns.append(c)
+        threading.Thread(target=self.serve, args=(c,), daemon=True).start()
 
     def close(self) -> None:
-        self.srv.shutdown(socket.SHUT_RDWR)
-        self.srv.close()
-        self.thread.join(5)
+        self.listener.close()
         for c in self.conns:
             c.close()
 
@@ -217,6 +211,13 @@ def read_request(c: socket.socket) -> tuple[dict[str, str], bytes]:
     return thick.parse_body(thick._recv_exact(c, env_size + stdin_size), env_size)
 
 
+def take_on(c: socket.socket) -> None:
+    """The agent's side of the handshake up to running: read the request, ACK it, and get the client's GO."""
+    read_request(c)
+    c.sendall(thick.ACK)
+    assert c.recv(1) == thick.GO
+
+
 def test_an_agent_that_does_not_ack_in_time_means_standalone_after_one_try(
     tmp_path: Path, fake_agent: Callable[[Callable[[socket.socket], None]], FakeAgent]
 ) -> None:
@@ -230,9 +231,7 @@ def test_an_agent_dying_after_go_is_try_again_later(
     tmp_path: Path, fake_agent: Callable[[Callable[[socket.socket], None]], FakeAgent]
 ) -> None:
     def die(c: socket.socket) -> None:
-        read_request(c)
-        c.sendall(thick.ACK)
-        assert c.recv(1) == thick.GO
+        take_on(c)
         c.close()  # dies before answering
 
     a = fake_agent(die)
@@ -261,9 +260,7 @@ def test_the_entry_point_finishes_on_a_connection_the_launcher_handed_on(
     """The launcher sent the request and waited; the entry point waits on the same connection, never a new one."""
 
     def slow(c: socket.socket) -> None:
-        read_request(c)
-        c.sendall(thick.ACK)
-        assert c.recv(1) == thick.GO
+        take_on(c)
         c.sendall(thick.encode_reply(0, b'{"cniVersion": "1.0.0"}'))
 
     a = fake_agent(slow)
