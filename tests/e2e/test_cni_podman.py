@@ -26,18 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from support.podman import needs_podman
 from support.processes import stop
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (Debian package podman)"),
-    pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (Debian package runc)"),
-    pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter is not installed (Debian package util-linux)"),
-    pytest.mark.skipif(
-        not Path("/bin/busybox").exists(), reason="busybox is not installed (Debian package busybox-static)"
-    ),
-]
+pytestmark = [pytest.mark.e2e, *needs_podman]
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / ".venv" / "bin" / "nodeplug-cni"
@@ -110,7 +102,7 @@ class Podman:
     def _write_rootfs(self) -> None:
         for d in ("bin", "proc", "sys", "dev", "etc", "tmp"):
             (self.rootfs / d).mkdir(parents=True)
-        shutil.copy("/bin/busybox", self.rootfs / "bin" / "busybox")
+        shutil.copy(shutil.which("busybox") or "/bin/busybox", self.rootfs / "bin" / "busybox")
         for applet in APPLETS:
             (self.rootfs / "bin" / applet).symlink_to("busybox")
 

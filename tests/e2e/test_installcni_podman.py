@@ -24,13 +24,9 @@ import pytest
 
 from cni import thick
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman creates network namespaces and veths"),
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (Debian package podman)"),
-    pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (Debian package runc)"),
-    pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed (busybox-static)"),
-]
+from support.podman import needs_podman
+
+pytestmark = [pytest.mark.e2e, *needs_podman]
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORK, BRIDGE = "npinst", "npinst0"

@@ -15,7 +15,7 @@ import pytest
 
 from nodeplug import cli, installcni
 
-VERSION_REPLY = '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}'
+from support.cnihost import VERSION_REPLY, cni_host
 
 
 def make_bundle(path: Path, marker: str = "1", works: bool = True) -> Path:
@@ -42,10 +42,7 @@ def bundle(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    (root / "opt/cni/bin").mkdir(parents=True)
-    (root / "etc/cni/net.d").mkdir(parents=True)
-    return root
+    return cni_host(tmp_path / "host")
 
 
 def link(host: Path) -> Path:

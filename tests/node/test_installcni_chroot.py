@@ -119,13 +119,18 @@ def test_version_answers_in_a_root_without_python(busybox_root: Path, netns: Cal
     assert {"0.4.0", "1.0.0", "1.1.0"} <= set(out["supportedVersions"])  # type: ignore[arg-type]
 
 
-def test_add_and_del_a_pod_network_standalone(
-    busybox_root: Path, netns: Callable[[], str], mounts: Callable[[Path], Path]
-) -> None:
+@pytest.fixture
+def node_and_pod(busybox_root: Path, netns: Callable[[], str], mounts: Callable[[Path], Path]) -> tuple[str, str]:
+    """A node's network namespace and a pod's, the pod's bind-mounted where the chroot sees it (/var/run/netns/pod)."""
     hostns, podns = netns(), netns()
     target = busybox_root / "var/run/netns/pod"
     target.touch()
     subprocess.run(["mount", "--bind", f"/run/netns/{podns}", str(mounts(target))], check=True, timeout=10)
+    return hostns, podns
+
+
+def test_add_and_del_a_pod_network_standalone(busybox_root: Path, node_and_pod: tuple[str, str]) -> None:
+    hostns, podns = node_and_pod
     assert not (busybox_root / "run/nodeplug/cni.sock").exists()
     conf = network_conf(busybox_root)
     env = {"CNI_CONTAINERID": "chroot-test-1", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0"}
@@ -159,14 +164,9 @@ def test_add_and_del_a_pod_network_standalone(
     assert code == 0
 
 
-def test_a_delegated_ipam_plugin_runs_from_the_bundle(
-    busybox_root: Path, netns: Callable[[], str], mounts: Callable[[Path], Path]
-) -> None:
+def test_a_delegated_ipam_plugin_runs_from_the_bundle(busybox_root: Path, node_and_pod: tuple[str, str]) -> None:
     """The bundle execs a host plugin (a busybox script as IPAM) with the request's environment, none of its own."""
-    hostns, podns = netns(), netns()
-    target = busybox_root / "var/run/netns/pod"
-    target.touch()
-    subprocess.run(["mount", "--bind", f"/run/netns/{podns}", str(mounts(target))], check=True, timeout=10)
+    hostns, podns = node_and_pod
     script = busybox_root / "opt/cni/bin/envdump"
     script.write_text(
         "#!/bin/sh\n"

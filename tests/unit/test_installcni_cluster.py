@@ -10,7 +10,7 @@ import pytest
 
 from nodeplug import cli, installcni, refplugins
 
-VERSION_REPLY = '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}'
+from support.cnihost import VERSION_REPLY, cni_host
 
 
 @pytest.fixture
@@ -33,10 +33,7 @@ def refs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    (root / "opt/cni/bin").mkdir(parents=True)
-    (root / "etc/cni/net.d").mkdir(parents=True)
-    return root
+    return cni_host(tmp_path / "host")
 
 
 def install(host: Path, bundle: Path, refs: Path, *args: str) -> int:
