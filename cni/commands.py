@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Collection, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
 
 from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError, quietly
 from cni.ipam import delegate, pluginmode, service
@@ -110,6 +110,24 @@ def _container_interface(prev: Result, ifname: str) -> None:
         )
 
 
+R = TypeVar("R", Result, None)
+PluginModeHandler = Callable[[Request, IpamPluginConf, StoreOpener | None], R]
+
+
+def _valid_attachments(conf: BridgeConf | IpamPluginConf) -> Collection[tuple[str, str]]:
+    """GC's ``cni.dev/valid-attachments``, required whatever the mode."""
+    if conf.valid_attachments is None:
+        raise CniError(
+            INVALID_NETWORK_CONFIG, details="cni.dev/valid-attachments: required for GC (the attachments to keep)"
+        )
+    return conf.valid_attachments
+
+
+def _gc_in_plugin_mode(req: Request, conf: IpamPluginConf, opener: StoreOpener | None) -> None:
+    _valid_attachments(conf)
+    pluginmode.gc(req, conf, opener)
+
+
 class Commands:
     """The handlers, bound to a dataplane and (for tests) a store opener."""
 
@@ -119,11 +137,7 @@ class Commands:
 
     # ------------------------------------------------------------ ADD
 
-    def add(self, req: Request) -> Result:
-        conf = req.conf
-        if isinstance(conf, IpamPluginConf):
-            return pluginmode.add(req, conf, self.opener)
-        assert isinstance(conf, BridgeConf)
+    def add(self, req: Request, conf: BridgeConf) -> Result:
         ips: list[IPConfig] = []
         ipam_routes: Sequence[Route] = ()
         dns = conf.dns
@@ -158,12 +172,7 @@ class Commands:
 
     # ------------------------------------------------------------ DEL
 
-    def delete(self, req: Request) -> None:
-        conf = req.conf
-        if isinstance(conf, IpamPluginConf):
-            pluginmode.delete(req, conf, self.opener)
-            return
-        assert isinstance(conf, BridgeConf)
+    def delete(self, req: Request, conf: BridgeConf) -> None:
         if conf.ipam_conf is not None:
             ips = service.leased(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)
         else:
@@ -176,12 +185,7 @@ class Commands:
 
     # ------------------------------------------------------------ CHECK
 
-    def check(self, req: Request) -> None:
-        conf = req.conf
-        if isinstance(conf, IpamPluginConf):
-            pluginmode.check(req, conf, self.opener)
-            return
-        assert isinstance(conf, BridgeConf)
+    def check(self, req: Request, conf: BridgeConf) -> None:
         prev = conf.prev_result
         if prev is None:
             raise CniError(INVALID_NETWORK_CONFIG, details="prevResult: required for CHECK (the result of ADD)")
@@ -200,17 +204,8 @@ class Commands:
 
     # ------------------------------------------------------------ GC
 
-    def gc(self, req: Request) -> None:
-        conf = req.conf
-        valid = conf.valid_attachments
-        if valid is None:
-            raise CniError(
-                INVALID_NETWORK_CONFIG, details="cni.dev/valid-attachments: required for GC (the attachments to keep)"
-            )
-        if isinstance(conf, IpamPluginConf):
-            pluginmode.gc(req, conf, self.opener)
-            return
-        assert isinstance(conf, BridgeConf)
+    def gc(self, req: Request, conf: BridgeConf) -> None:
+        valid = _valid_attachments(conf)
         if conf.ipam_conf is not None:
             service.gc(conf.name, conf.ipam_conf, valid, self.opener)
         elif conf.ipam_type:
@@ -219,12 +214,7 @@ class Commands:
 
     # ------------------------------------------------------------ STATUS
 
-    def status(self, req: Request) -> None:
-        conf = req.conf
-        if isinstance(conf, IpamPluginConf):
-            pluginmode.status(req, conf, self.opener)
-            return
-        assert isinstance(conf, BridgeConf)
+    def status(self, req: Request, conf: BridgeConf) -> None:
         if conf.ipam_conf is not None:
             service.require_available(conf.name, conf.ipam_conf, self.opener)
         elif conf.ipam_type:
@@ -232,7 +222,27 @@ class Commands:
         self.dp.status(conf)
 
     def table(self) -> dict[str, Handler]:
-        return {"ADD": self.add, "DEL": self.delete, "CHECK": self.check, "GC": self.gc, "STATUS": self.status}
+        """Each command: a config in IPAM-plugin mode goes to :mod:`cni.ipam.pluginmode`, a bridge config to the
+        method here."""
+        return {
+            "ADD": self._route(pluginmode.add, self.add),
+            "DEL": self._route(pluginmode.delete, self.delete),
+            "CHECK": self._route(pluginmode.check, self.check),
+            "GC": self._route(_gc_in_plugin_mode, self.gc),
+            "STATUS": self._route(pluginmode.status, self.status),
+        }
+
+    def _route(
+        self, in_plugin_mode: PluginModeHandler[R], bridge: Callable[[Request, BridgeConf], R]
+    ) -> Callable[[Request], R]:
+        def handle(req: Request) -> R:
+            conf = req.conf
+            if isinstance(conf, IpamPluginConf):
+                return in_plugin_mode(req, conf, self.opener)
+            assert isinstance(conf, BridgeConf)
+            return bridge(req, conf)
+
+        return handle
 
 
 def table(dataplane: Dataplane, opener: StoreOpener | None = None) -> dict[str, Handler]:
