@@ -1,1 +1,1 @@
-"""The cluster tier (a package, so its conftest does not shadow tests/conftest.py for modules importing from it)."""
+"""The cluster tier (a package, so its conftest is this directory's own and never taken for tests/conftest.py)."""
