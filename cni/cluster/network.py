@@ -223,9 +223,9 @@ class ClusterNetwork:
                         await self._stand_down()
                 elif self.role != "managing":
                     self._take_over()
-            except OSError as e:  # e.g. the runtime directory unwritable: said once per change, tried again
+            except Exception as e:  # e.g. the runtime directory unwritable: said once, tried again at every look
                 if self.role != "error":
-                    self.log.error("cluster network: cannot use its lock or marker", error=str(e))
+                    self.log.error("cluster network: cannot take it up or down", error=str(e) or repr(e))
                 self.role = "error"
             await asyncio.sleep(uninstall.POLL_SECONDS)
 
@@ -254,10 +254,7 @@ class ClusterNetwork:
             self.role = was if was != "managing" else "waiting"
             return
         self.log.warning("cluster network: uninstall requested; removing what this agent owns", marker=str(self.marker))
-        try:
-            done = await asyncio.get_running_loop().run_in_executor(self._pool, self._remove)
-        finally:
-            self.lock.release()
+        done = await asyncio.get_running_loop().run_in_executor(self._pool, self._remove)
         self.role = "removed"
         for line in done.removed:
             self.log.info("cluster network: uninstall", done=line)
@@ -269,15 +266,19 @@ class ClusterNetwork:
                       failed=len(done.failed))  # fmt: skip
 
     def _remove(self) -> teardown.Removal:
-        """On the netlink thread, after any pass under way: remove, and forget what the passes knew."""
-        if self._nl is None:
-            self._nl = Rtnl()
-        done = teardown.remove(self._nl, self.cfg.route_protocol, self.subnets_path)
-        self.have = State.empty()
-        self._subnets = None
-        self._masq = None
-        self.outcome = Outcome()
-        return done
+        """On the netlink thread, after any pass under way: remove, forget what the passes knew, and let go of the
+        lock only then (also when the removal fails: the guard's next look tries again)."""
+        try:
+            if self._nl is None:
+                self._nl = Rtnl()
+            done = teardown.remove(self._nl, self.cfg.route_protocol, self.subnets_path)
+            self.have = State.empty()
+            self._subnets = None
+            self._masq = None
+            self.outcome = Outcome()
+            return done
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------ one pass (on the netlink thread)
 
