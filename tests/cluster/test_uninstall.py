@@ -73,6 +73,7 @@ def test_documented_uninstall_leaves_the_node_clean(cluster: Cluster) -> None:
 
 
 MARKER = "/run/nodeplug/cluster-network.uninstall"
+SERVICES = "table ip nodeplug-cluster-services"  # the test cluster's stand-in for kube-proxy (scripts/cluster/node.py)
 
 
 def network_of_nodeplug(cluster: Cluster) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def network_of_nodeplug(cluster: Cluster) -> dict[str, Any]:
     links = [x["ifname"] for x in json.loads(run("ip", "-j", "link") or "[]")]
     return {
         "links": [x for x in links if x in ("nodeplug0", "nodeplug.vx")],
-        "tables": [t for t in run("nft", "list", "tables").splitlines() if "nodeplug" in t],
+        "tables": [t for t in run("nft", "list", "tables").splitlines() if "nodeplug" in t and t != SERVICES],
         "routes": [r for v in ("-4", "-6") for r in run("ip", v, "route", "show", "proto", "110").splitlines()],
         "subnets": Path("/var/lib/nodeplug/cluster/subnets.json").exists(),
     }
