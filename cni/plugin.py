@@ -116,12 +116,14 @@ class CniPlugin:
         cfg = self.section.cluster
         if self.ctx.kube is None or not cfg.enabled:
             return
+        from cni.cluster import uninstall
         from cni.cluster.network import ClusterNetwork, Metrics
 
         if self._cluster_metrics is None:
             self._cluster_metrics = Metrics(self.ctx.metrics.registry)
-        path = self.ctx.root(cfg.subnets_file)
-        self.cluster = ClusterNetwork(cfg, self.ctx.kube, self.ctx.node_name, path, self.log, self._cluster_metrics)
+        path, root = self.ctx.root(cfg.subnets_file), self.ctx.root
+        self.cluster = ClusterNetwork(cfg, self.ctx.kube, self.ctx.node_name, path, self.log, self._cluster_metrics,
+                                      root(uninstall.LOCK), root(uninstall.MARKER))  # fmt: skip
         await self.cluster.start()
 
     async def stop(self, grace: float) -> None:

@@ -1,22 +1,40 @@
-"""What the CNI plugin leaves in the node's network namespace once its last pod is gone, removed at uninstall.
+"""What nodeplug's networks leave in the node's network namespace, removed by ``nodeplug install-cni --uninstall``.
 
-The bridge a nodeplug network names (created at the first ADD, kept while pods are attached) and nodeplug's
-masquerade table (``table inet nodeplug``, one rule per pod address): DEL of the last pod removes its veth and its
-rules but neither of these, since another pod may come. ``nodeplug install-cni --uninstall`` removes them when they are
-unused: a bridge only when it is a bridge with no interface attached, the table only when it holds no rule (a
-concurrent ADD finding it gone declares it again).
+The CNI plugin's: the bridge a nodeplug network names (created at the first ADD, kept while pods are attached) and
+nodeplug's masquerade table (``table inet nodeplug``, one rule per pod address): DEL of the last pod removes its veth
+and its rules but neither of these, since another pod may come. They are removed when unused: a bridge only when it
+is a bridge with no interface attached, the table only when it holds no rule (a concurrent ADD finding it gone
+declares it again).
+
+The cluster network's (routes, VXLAN device, masquerade table, subnets file): the running agent keeps them through
+restarts, so the uninstall asks it to stand down and remove them, waits for it, and then runs the same removal
+itself (:mod:`cni.cluster.uninstall`, :mod:`cni.cluster.teardown`): that does the work when no agent is running and
+finds nothing left when one did. The request stays until the next ``install-cni`` withdraws it, so an agent started
+in between (a crash loop, a node reboot before ``kubectl delete``) does not bring the network back.
+
+Kernel objects are removed only in the node's network namespace: the one the agent of this root recorded, or, with
+no record, this one when the root is ``/`` (``install-cni`` run on the node or in the host-network agent pod).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nodeplug import commands
+from nodeplug.paths import Root
 
 MASQ_TABLE = ("inet", "nodeplug")
 TIMEOUT = 10.0
+AGENT_TIMEOUT = 30.0  # for the running agent to finish its pass and remove the cluster network (milliseconds, usually)
+DEFAULT_PROTOCOL = 110
+DEFAULT_SUBNETS = "/var/lib/nodeplug/cluster/subnets.json"
+
+
+class NetworkError(Exception):
+    """The cluster network could not be taken off the node; the message says what is left and what to do."""
 
 
 def bridges(conf: Any, default: str) -> list[str]:
@@ -68,3 +86,74 @@ def remove_unused(conf: Any, default_bridge: str, say: Callable[[str], None]) ->
         remove_masq_table(say)
     except commands.CommandError as e:
         say(f"left the network in place: {e}")
+
+
+def on_this_node(root: Root) -> bool:
+    """Whether this process runs in the network namespace of the node whose paths are under ``root``."""
+    from cni.cluster import uninstall
+
+    record = uninstall.read_record(root(uninstall.LOCK))
+    if record is not None:
+        return record.netns == uninstall.this_netns()
+    return root.path == Path("/")
+
+
+def remove_cluster_network(root: Root, say: Callable[[str], None], timeout: float | None = None) -> None:
+    """Ask the agent of ``root`` to remove the cluster network and leave it alone, wait, then remove what is left."""
+    from cni.cluster import uninstall
+
+    timeout = AGENT_TIMEOUT if timeout is None else timeout
+
+    lock_path, marker = root(uninstall.LOCK), root(uninstall.MARKER)
+    if root.path != Path("/") and not lock_path.exists():
+        return  # no agent has managed a cluster network under this root
+    here = on_this_node(root)
+    uninstall.request(marker)
+    lock = uninstall.Lock(lock_path)
+    agent = not lock.try_acquire()
+    if agent:
+        say(f"asked the running agent to remove the cluster network ({marker}); waiting up to {timeout:.0f} s")
+        if not lock.acquire(timeout):
+            raise NetworkError(
+                f"{lock_path}: the agent holding it did not remove the cluster network within {timeout:.0f} s (its "
+                f"log says why); the request stays in {marker}: run the uninstall again to finish"
+            )
+    try:
+        record = lock.read() or uninstall.read_record(lock_path)
+        if not here:
+            say("left the cluster network alone here: the agent of this root ran in another network namespace; run "
+                "the uninstall there")  # fmt: skip
+            return
+        protocol = record.route_protocol if record is not None else DEFAULT_PROTOCOL
+        subnets = root(DEFAULT_SUBNETS)
+        if record is not None and Path(record.subnets_file).is_relative_to(root.path):
+            subnets = Path(record.subnets_file)
+        done = _teardown(protocol, subnets)
+        for line in [*done.removed, *done.kept]:
+            say(line)
+        if agent and not done.removed:
+            say("the agent removed the cluster network from this node (its log lists what)")
+        if done.failed:
+            raise NetworkError("cluster network: " + "; ".join(done.failed) + "; run the uninstall again to retry")
+        lock.remove()
+    finally:
+        lock.release()
+
+
+def _teardown(protocol: int, subnets: Path) -> Any:
+    from cni.cluster import teardown
+    from cni.dataplane.rtnl import Rtnl
+
+    nl = Rtnl()
+    try:
+        return teardown.remove(nl, protocol, subnets)
+    finally:
+        nl.close()
+
+
+def withdraw_uninstall(root: Root, say: Callable[[str], None]) -> None:
+    """An install: the cluster network is wanted again (the agent takes it up within a second)."""
+    from cni.cluster import uninstall
+
+    if uninstall.clear(root(uninstall.MARKER)):
+        say(f"withdrew the uninstall request {root(uninstall.MARKER)}: the agent manages the cluster network again")

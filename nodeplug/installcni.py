@@ -19,7 +19,9 @@ per node and replaces it without surge.
 It never touches files it did not write: an existing ``nodeplug`` that is not a symlink into ``nodeplug.d/``, or a
 conflist of that name without a ``"type": "nodeplug"`` plugin, stops the install with an error (``--force`` takes
 them over). ``--uninstall`` removes exactly the symlink, ``nodeplug.d/``, our conflist and the reference plugins it
-copied, and nothing else.
+copied, and, in the node's network namespace, what nodeplug's networks left there (:mod:`nodeplug.cninetwork`:
+the unused pod bridge and masquerade table, and the cluster network, which the running agent is asked to give up
+until the next install), and nothing else.
 
 Reference plugins: container runtimes exec ``loopback`` for every pod sandbox (containerd's CRI fails the sandbox
 without it) and a conflist may chain ``portmap``. When the bin dir lacks them they are copied from
@@ -456,9 +458,10 @@ def _layout(args: argparse.Namespace) -> Layout:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    layout = _layout(args)
+    layout, root = _layout(args), Root(args.root.resolve())
     if args.uninstall:
-        uninstall(layout, network=args.root.resolve() == Path("/"))
+        uninstall(layout, network=cninetwork.on_this_node(root))
+        cninetwork.remove_cluster_network(root, print)
         return 0
     conf: dict[str, Any] | None = None
     if not args.skip_conflist:
@@ -477,15 +480,16 @@ def run_install(args: argparse.Namespace) -> int:
     refplugins.install(args.reference_plugins, layout.bin_dir, layout.bin_dir / refplugins.RECORD)
     if conf is not None:
         install_conflist(conf, layout, args.force)
+    cninetwork.withdraw_uninstall(root, print)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         return run_install(args)
-    except InstallError as e:
+    except (InstallError, cninetwork.NetworkError) as e:
         print(f"nodeplug install-cni: {e}", file=sys.stderr)
-        return e.exit_status
+        return e.exit_status if isinstance(e, InstallError) else 1
     except OSError as e:
         print(f"nodeplug install-cni: {e.filename or ''}: {e.strerror}", file=sys.stderr)
         return 1

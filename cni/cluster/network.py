@@ -16,6 +16,13 @@ keeps the IPAM on this node's podCIDRs. This node's own Node object gives:
   the VXLAN overhead in ``vxlan`` and ``auto`` modes);
 - its first InternalIP, the VXLAN device's local address, published with the device's MAC as annotations on the
   Node (a merge patch of exactly those two keys) so that peers can program their FDB and neighbours.
+
+The kernel is changed only while this agent holds the cluster network's lock and no uninstall is requested
+(:mod:`cni.cluster.uninstall`). A guard task looks at the uninstall marker every
+:data:`~cni.cluster.uninstall.POLL_SECONDS`: when it appears, no further pass starts, the one under way finishes
+(passes and the removal share the netlink thread), the agent removes what it owns (:mod:`cni.cluster.teardown`),
+releases the lock and stays out, not ready, naming the cure; when the marker goes (a new ``install-cni``), it takes
+the lock again and makes a full pass. On stop (SIGTERM, a restart, an upgrade) nothing is removed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +42,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 from prometheus_client import Counter, Gauge, Histogram
 
-from cni.cluster import kernel, masq
+from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, IPNetwork, NodeInfo, Vtep, parse_node
 from cni.cluster.plan import Local, State, changes, desired
@@ -86,6 +94,8 @@ class ClusterNetwork:
         subnets_path: Path,
         log: Logger,
         metrics: Metrics | None = None,
+        lock_path: Path = Path(uninstall.LOCK),
+        marker_path: Path = Path(uninstall.MARKER),
     ) -> None:
         self.cfg = cfg
         self.kube = kube
@@ -110,6 +120,9 @@ class ClusterNetwork:
         self._publish_failures = 0
         self._logged: tuple[frozenset[Any], frozenset[str]] = (frozenset(), frozenset())
         self.metrics = metrics or Metrics(None)
+        self.lock = uninstall.Lock(lock_path)
+        self.marker = marker_path
+        self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -122,6 +135,7 @@ class ClusterNetwork:
         self._tasks = [
             asyncio.create_task(self._follow(), name="cluster-watch"),
             asyncio.create_task(self._reconcile_loop(), name="cluster-reconcile"),
+            asyncio.create_task(self._guard(), name="cluster-guard"),
         ]
         self.log.info("following Node objects", mode=self.cfg.mode, server=self.kube.source.server)
 
@@ -133,12 +147,17 @@ class ClusterNetwork:
                 await t
         self._tasks = []
         if self._pool is not None:
+            loop = asyncio.get_running_loop()
             if self._nl is not None:
                 nl, self._nl = self._nl, None
                 with contextlib.suppress(Exception):
-                    await asyncio.get_running_loop().run_in_executor(self._pool, nl.close)
+                    await loop.run_in_executor(self._pool, nl.close)
+            # after whatever pass or removal is still on the netlink thread; the kernel state stays as it is
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(loop.run_in_executor(self._pool, self.lock.release), 30)
             self._pool.shutdown(wait=False)
             self._pool = None
+        self.lock.release()
 
     # ------------------------------------------------------------ following the API
 
@@ -168,12 +187,14 @@ class ClusterNetwork:
         loop = asyncio.get_running_loop()
         last_full = 0.0
         while True:
-            remaining = self.cfg.resync_seconds - (time.monotonic() - last_full)
+            timeout = None  # nothing to do before the first complete list, or while not managing
+            if self.synced and self.role == "managing":
+                timeout = max(self.cfg.resync_seconds - (time.monotonic() - last_full), 0.0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=max(remaining, 0.0))
-            if not self.synced:
-                continue
+                await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
             self._dirty.clear()
+            if not self.synced or self.role != "managing":
+                continue
             full = self._full or time.monotonic() - last_full >= self.cfg.resync_seconds
             self._full = False
             nodes = dict(self.nodes)
@@ -191,6 +212,73 @@ class ClusterNetwork:
             self.outcome = outcome
             self._report(outcome)
             await self._publish(outcome.vtep)
+
+    # ------------------------------------------------------------ who changes the kernel (uninstall)
+
+    async def _guard(self) -> None:
+        while True:
+            try:
+                if uninstall.requested(self.marker):
+                    if self.role != "removed":
+                        await self._stand_down()
+                elif self.role != "managing":
+                    self._take_over()
+            except Exception as e:  # e.g. the runtime directory unwritable: said once, tried again at every look
+                if self.role != "error":
+                    self.log.error("cluster network: cannot take it up or down", error=str(e) or repr(e))
+                self.role = "error"
+            await asyncio.sleep(uninstall.POLL_SECONDS)
+
+    def _take_over(self) -> None:
+        if not self.lock.try_acquire():
+            if self.role != "waiting":
+                self.log.warning("cluster network: its lock is held by another process", lock=str(self.lock.path))
+            self.role = "waiting"
+            return
+        if uninstall.requested(self.marker):  # asked between our look and the lock: the next look stands down
+            self.lock.release()
+            return
+        record = uninstall.Record(self.node, uninstall.this_netns(), self.cfg.route_protocol,
+                                  str(self.subnets_path), os.getpid())  # fmt: skip
+        self.lock.write(record)
+        if self.role == "removed":
+            self.log.info("cluster network: the uninstall marker is gone (install-cni ran): managing it again")
+        self.role = "managing"
+        self._full = True
+        self._dirty.set()
+
+    async def _stand_down(self) -> None:
+        was = self.role
+        self.role = "removing"  # no pass starts from here on; the one under way finishes first on the netlink thread
+        if not self.lock.try_acquire():  # someone else (install-cni) is removing it right now: look again soon
+            self.role = was if was != "managing" else "waiting"
+            return
+        self.log.warning("cluster network: uninstall requested; removing what this agent owns", marker=str(self.marker))
+        done = await asyncio.get_running_loop().run_in_executor(self._pool, self._remove)
+        self.role = "removed"
+        for line in done.removed:
+            self.log.info("cluster network: uninstall", done=line)
+        for line in done.kept:
+            self.log.info("cluster network: uninstall", kept=line)
+        for line in done.failed:
+            self.log.warning("cluster network: uninstall failed to remove", problem=line)
+        self.log.info("cluster network: removed from this node; not managed until `nodeplug install-cni` runs again",
+                      failed=len(done.failed))  # fmt: skip
+
+    def _remove(self) -> teardown.Removal:
+        """On the netlink thread, after any pass under way: remove, forget what the passes knew, and let go of the
+        lock only then (also when the removal fails: the guard's next look tries again)."""
+        try:
+            if self._nl is None:
+                self._nl = Rtnl()
+            done = teardown.remove(self._nl, self.cfg.route_protocol, self.subnets_path)
+            self.have = State.empty()
+            self._subnets = None
+            self._masq = None
+            self.outcome = Outcome()
+            return done
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------ one pass (on the netlink thread)
 
@@ -319,6 +407,13 @@ class ClusterNetwork:
         api = "API server reachable" if self.watch.status.connected else (
             f"API server unreachable ({self.watch.status.last_error or 'connecting'}); routes kept"
         )  # fmt: skip
+        if self.role in ("removed", "removing"):
+            return False, (
+                f"removed from this node by `nodeplug install-cni --uninstall` ({self.marker} exists); not managed "
+                "until `nodeplug install-cni` runs again"
+            )
+        if self.role in ("waiting", "error"):
+            return False, f"not managed: its lock {self.lock.path} is held by another process (or unusable); {api}"
         own = self.nodes.get(self.node)
         if self.synced and own is None:
             return False, f"node {self.node} is not in the API server: check --node-name (or NODE_NAME)"

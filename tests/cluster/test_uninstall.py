@@ -1,13 +1,15 @@
 """The documented uninstall (daemonset/README.md): workloads deleted, ``nodeplug install-cni --uninstall`` in each
 agent pod, ``kubectl delete -k``; the node is left without nodeplug's entry point, configuration, sockets, devices,
-mounts and loop devices. nodeplug is applied again afterwards."""
+mounts, loop devices, pod bridge and cluster network (no nftables table of nodeplug's, no ``nodeplug.vx``, no route of
+protocol 110, no subnets file). nodeplug is applied again afterwards: its install withdraws the uninstall request
+and the agent brings the cluster network back."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -57,13 +59,35 @@ def test_documented_uninstall_leaves_the_node_clean(cluster: Cluster) -> None:
         cluster.wait("no nodeplug devices allocatable", lambda: cluster.get("node", cluster.node)["status"]
                      ["allocatable"].get("nodeplug.io/fuse", "0") == "0", 60)  # fmt: skip
         assert not cluster.kubectl("get", "namespace", "nodeplug-system", "--ignore-not-found")
-        # The node's network namespace: no pod bridge, no masquerade table.
-        links = subprocess.run(["ip", "-n", cluster.netns, "-o", "link"], capture_output=True, text=True, timeout=30,
-                               check=True).stdout  # fmt: skip
-        assert "nodeplug0" not in links
-        tables = subprocess.run(["ip", "netns", "exec", cluster.netns, "nft", "list", "tables"], capture_output=True,
-                                text=True, timeout=30, check=True).stdout  # fmt: skip
-        assert "table inet nodeplug" not in tables
+        # The node's network namespace: no pod bridge, no masquerade table, nothing of the cluster network.
+        left = network_of_nodeplug(cluster)
+        assert left == {"links": [], "tables": [], "routes": [], "subnets": False}, left
+        assert Path(MARKER).exists()  # the request stays until the next install
     finally:
         cluster.kubectl("apply", "-k", str(cluster.overlay))
         cluster.rollout()
+    # Applied again: the install withdrew the request and the agent manages the cluster network again.
+    assert not Path(MARKER).exists()
+    cluster.wait("the cluster network back", lambda: (n := network_of_nodeplug(cluster))["subnets"]
+                 and "nodeplug.vx" in n["links"] and "table inet nodeplug-cluster" in n["tables"], 60)  # fmt: skip
+
+
+MARKER = "/run/nodeplug/cluster-network.uninstall"
+SERVICES = "table ip nodeplug-cluster-services"  # the test cluster's stand-in for kube-proxy (scripts/cluster/node.py)
+
+
+def network_of_nodeplug(cluster: Cluster) -> dict[str, Any]:
+    """nodeplug's links, nftables tables and routes (protocol 110) in the node's netns, and whether its subnets file
+    exists."""
+
+    def run(*argv: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", cluster.netns, *argv], capture_output=True, text=True,
+                              timeout=30, check=True).stdout  # fmt: skip
+
+    links = [x["ifname"] for x in json.loads(run("ip", "-j", "link") or "[]")]
+    return {
+        "links": [x for x in links if x in ("nodeplug0", "nodeplug.vx")],
+        "tables": [t for t in run("nft", "list", "tables").splitlines() if "nodeplug" in t and t != SERVICES],
+        "routes": [r for v in ("-4", "-6") for r in run("ip", v, "route", "show", "proto", "110").splitlines()],
+        "subnets": Path("/var/lib/nodeplug/cluster/subnets.json").exists(),
+    }

@@ -380,3 +380,87 @@ def test_the_agents_token_may_change_only_its_own_nodes_nodeplug_annotations(lab
     assert agent.request("DELETE", "/api/v1/nodes/node-2")[0] == 403
     assert agent.request("GET", "/api/v1/secrets")[0] == 403
     agent.request("PATCH", f"/api/v1/nodes/{n1.name}", {"metadata": {"annotations": {"nodeplug.io/x": None}}}, merge)
+
+
+# ---------------------------------------------------------------- uninstall
+
+
+def stand_in_bundle(path: Path) -> Path:
+    """A CNI bundle for install-cni to install (it answers VERSION): the lab's pods use the venv's entry point."""
+    path.mkdir(parents=True)
+    launcher = path / "nodeplug"
+    launcher.write_text('#!/bin/sh\necho \'{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]}\'\n')
+    launcher.chmod(0o755)
+    return path
+
+
+def nodeplugs(node: Node) -> dict[str, Any]:
+    """Everything of nodeplug's networks in the node's netns and its subnets file (empty values: none)."""
+    tables = node.ns.exec("nft", "list", "tables").splitlines()
+    return {
+        "routes": sorted([*routes(node, 4), *routes(node, 6)]),
+        "vxlan": node.ns.ip("link", "show", "nodeplug.vx", check=False).strip(),
+        "bridge": node.ns.ip("link", "show", "nodeplug0", check=False).strip(),
+        "tables": [t for t in tables if "nodeplug" in t],
+        "subnets": node.subnets_file.exists(),
+    }
+
+
+def test_uninstall_removes_the_cluster_network_and_only_a_new_install_brings_it_back(lab: Lab, tmp_path: Path) -> None:
+    """The documented uninstall with the agent running: the agent stands down and removes what it owns, and keeps
+    it removed through Node events and a kill -9 restart; the next install brings the network back."""
+    n, pod = lab.nodes[2], lab.pods[2]  # node-3: direct routes to node-1 and -2, VXLAN to node-4
+    cli = [sys.executable, "-m", "nodeplug.cli", "install-cni", "--root", str(n.root)]
+    install = [*cli, "--bundle", str(stand_in_bundle(tmp_path / "bundle")), "--cluster-network",
+               "--node-subnets", str(n.subnets_file), "--socket", str(n.root / "run/nodeplug/cni.sock")]  # fmt: skip
+    n.ns.exec(*install)  # the conflist (naming the bridge) that the uninstall takes away
+    have = nodeplugs(n)
+    assert {"10.244.1.0/24", "10.244.4.0/24", "fd44:0:0:2::/64"} <= set(have["routes"]) and all(have.values()), have
+    n.ns.ip("route", "add", "10.244.97.0/24", "via", "192.168.77.97", "proto", "static")  # not nodeplug's
+    n.ns.exec("nft", "add", "table", "inet", "lab-other")
+    readded = False
+    try:
+        assert n.cni("DEL", pod.ns.name, pod.cid)[0] == 0  # the workloads go first
+        started = time.monotonic()
+        out = n.ns.exec(*cli, "--uninstall", timeout=120)
+        took = time.monotonic() - started
+        assert "asked the running agent to remove the cluster network" in out and "the agent removed" in out, out
+        assert nodeplugs(n) == {"routes": [], "vxlan": "", "bridge": "", "tables": [], "subnets": False}, out
+        assert "10.244.97.0/24" in n.ns.ip("route", "show", "proto", "static")
+        assert "table inet lab-other" in n.ns.exec("nft", "list", "tables")
+        status, body = n.http("/readyz")
+        assert status == 503 and "removed from this node by `nodeplug install-cni --uninstall`" in body, body
+        assert "cluster network: uninstall requested" in n.log_tail(20000)
+        # Node events do not bring it back (node-1 routes the new Node: the events flowed), nor does a restart
+        lab.api.node("after-uninstall", ["10.244.80.0/24"], ["192.168.77.80"])
+        wait_for("node-1 routes the new Node", lambda: "10.244.80.0/24" in routes(lab.nodes[0]), timeout=5)
+        n.kill(signal.SIGKILL)
+        n.start()
+        wait_for("the restarted agent stays out", lambda: "removed from this node" in n.http("/readyz")[1], 30)
+        time.sleep(1.0)
+        assert nodeplugs(n) == {"routes": [], "vxlan": "", "bridge": "", "tables": [], "subnets": False}
+        lab.api.ok("DELETE", "/api/v1/nodes/after-uninstall")
+        # a fresh install withdraws the request: the agent takes the network up again
+        out = n.ns.exec(*install)
+        assert "withdrew the uninstall request" in out, out
+        n.wait_ready(15)
+        wait_for("routes, VXLAN device and masquerade table back", lambda: (h := nodeplugs(n))["routes"] ==
+                 have["routes"] and h["vxlan"] and h["tables"] and h["subnets"], timeout=5)  # fmt: skip
+        code, result = n.cni("ADD", pod.ns.name, pod.cid)
+        assert code == 0, result
+        lab.pods[2] = Pod(n, pod.ns, pod.cid, result)
+        readded = True
+        assert all_pairs_connected(lab) == []
+        print(f"uninstall with the agent running: {took:.2f} s (install-cni start-up included)")
+    finally:
+        n.ns.ip("route", "del", "10.244.97.0/24", check=False)
+        n.ns.exec("nft", "delete", "table", "inet", "lab-other", check=False)
+        if not readded:  # leave the lab as it was for whatever runs after
+            n.ns.exec(*install, check=False)
+            if n.proc is None:
+                n.start()
+            with contextlib.suppress(AssertionError):
+                n.wait_ready(15)
+            code, result = n.cni("ADD", pod.ns.name, pod.cid)
+            if code == 0:
+                lab.pods[2] = Pod(n, pod.ns, pod.cid, result)

@@ -229,6 +229,11 @@ def test_install_cni_copies_from_where_the_image_puts_the_bundle(pod: dict[str, 
     assert f"COPY --from=builder /out/cni-bundle {installcni.DEFAULT_BUNDLE}" in (BASE / "Dockerfile").read_text()
     for flag_dir in (args.bin_dir, args.conf_dir):
         assert _mounted(flag_dir, pod, "install-cni") is not None, flag_dir
+    from cni.cluster import uninstall
+
+    # an install withdraws an earlier uninstall's request, where the agent looks for it
+    assert _mounted(uninstall.MARKER, pod, "install-cni") is not None
+    assert _mounted(uninstall.MARKER, pod) is not None and _mounted(uninstall.LOCK, pod) is not None
 
 
 def test_the_image_tag_is_the_project_version(objs: list[dict[str, Any]], pod: dict[str, Any]) -> None:

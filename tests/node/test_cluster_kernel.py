@@ -1,6 +1,7 @@
 """The cluster network's netlink edge on a real kernel, in a throw-away netns: the VXLAN device is kept as it is
 across calls (same index, same MAC), routes/FDB/neighbours are written and read back, and nothing the agent does not
-own (another protocol's route, another device) is touched."""
+own (another protocol's route, another device) is touched. The uninstall's removal (cni/cluster/teardown.py, and
+``install-cni --uninstall``'s side of it with no agent running) takes exactly the agent's objects away."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cni.cluster import kernel
+from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.plan import RouteSpec, State, changes
+from cni.cluster.subnets import NodeSubnets
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import Rtnl
+from nodeplug import cninetwork
+from nodeplug.paths import Root
 
 from support.host import needs_root, sh
 
@@ -131,3 +136,116 @@ def test_connected_subnets_leave_out_pod_networks_loopback_and_link_local(node: 
     sh("ip", "-n", node, "addr", "add", "10.244.1.1/24", "dev", "br9")
     got = inside(node, lambda nl: kernel.connected(nl, [net("10.244.0.0/16")]))
     assert set(got) == {net("192.168.50.0/24"), net("fd50::/64")}
+
+
+# ---------------------------------------------------------------- uninstall: the removal
+
+
+def agent_state(nl: Rtnl) -> None:
+    """What an agent in auto mode leaves in its netns: direct and VXLAN routes (both families), FDB, neighbours, the
+    masquerade table."""
+    vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
+    want = State(
+        {
+            net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("192.168.50.2"), False),
+            net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False),
+            net("10.244.4.0/24"): RouteSpec(net("10.244.4.0/24"), ip("10.244.4.0"), True),
+            net("fd44:0:0:4::/64"): RouteSpec(net("fd44:0:0:4::/64"), ip("fd44:0:0:4::"), True),
+        },
+        {"02:00:00:00:00:04": ip("192.168.60.4")},
+        {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"},
+    )
+    assert kernel.apply(nl, changes(want, State.empty()), State.empty(), PROTO, vx.ifindex) == []
+    masq.install([net("10.244.1.0/24"), net("fd44:0:0:1::/64")], [net("10.244.0.0/16"), net("fd44::/48")])
+
+
+def foreign_state(node: str) -> None:
+    """Things that are not the agent's: other protocols, another table, another device, another nft table."""
+    sh("ip", "-n", node, "route", "add", "10.244.9.0/24", "via", "192.168.50.9", "proto", "static")
+    sh("ip", "-n", node, "route", "add", "10.244.8.0/24", "via", "192.168.50.8", "proto", "111")
+    sh("ip", "-n", node, "route", "add", "10.244.7.0/24", "via", "192.168.50.7", "proto", "110", "table", "100")
+    sh("ip", "-n", node, "link", "add", "other0", "type", "bridge")
+    sh("ip", "netns", "exec", node, "nft", "add", "table", "inet", "other")
+
+
+def owned_left(node: str) -> dict[str, object]:
+    """What of the agent's is still in the netns (empty values when nothing)."""
+    routes = [sh("ip", "-n", node, f"-{v}", "route", "show", "proto", "110").strip() for v in (4, 6)]
+    return {
+        "routes": [r for r in routes if r],
+        "vxlan": sh("ip", "-n", node, "link", "show", kernel.VXLAN_DEVICE, check=False).strip(),
+        "tables": [t for t in sh("ip", "netns", "exec", node, "nft", "list", "tables").splitlines() if "nodeplug" in t],
+    }
+
+
+def assert_foreign_kept(node: str) -> None:
+    assert "10.244.9.0/24" in sh("ip", "-n", node, "route", "show", "proto", "static")
+    assert "10.244.8.0/24" in sh("ip", "-n", node, "route", "show", "proto", "111")
+    assert "10.244.7.0/24" in sh("ip", "-n", node, "route", "show", "table", "100", "proto", "110")
+    assert "other0" in sh("ip", "-n", node, "link", "show", "other0")
+    assert "table inet other" in sh("ip", "netns", "exec", node, "nft", "list", "tables")
+
+
+def write_subnets(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(NodeSubnets("n1", ("10.244.1.0/24", "fd44:0:0:1::/64"), 1450).dumps())
+
+
+def test_removal_takes_exactly_the_agents_objects_and_is_idempotent(node: str, tmp_path: Path) -> None:
+    subnets = tmp_path / "cluster" / "subnets.json"
+    write_subnets(subnets)
+    (tmp_path / "cluster" / "notes.txt").write_text("not ours")
+    inside(node, agent_state)
+    foreign_state(node)
+    assert all(owned_left(node).values())
+    sh("ip", "netns", "exec", node, "bridge", "fdb", "show", "dev", kernel.VXLAN_DEVICE)
+    first = inside(node, lambda nl: teardown.remove(nl, PROTO, subnets))
+    assert first.failed == [] and first.kept == []
+    assert len(first.removed) == 4 and "removed 4 route(s) of protocol 110" in first.removed[0], first.removed
+    assert owned_left(node) == {"routes": [], "vxlan": "", "tables": []}
+    assert not subnets.exists() and (tmp_path / "cluster" / "notes.txt").exists()
+    assert_foreign_kept(node)
+    again = inside(node, lambda nl: teardown.remove(nl, PROTO, subnets))
+    assert (again.removed, again.kept, again.failed) == ([], [], [])
+
+
+def test_removal_leaves_a_same_named_device_and_a_file_that_are_not_the_agents(node: str, tmp_path: Path) -> None:
+    sh("ip", "-n", node, "link", "add", kernel.VXLAN_DEVICE, "type", "bridge")
+    bogus = tmp_path / "subnets.json"
+    bogus.write_text("someone else's file")
+    done = inside(node, lambda nl: teardown.remove(nl, PROTO, bogus))
+    assert done.removed == [] and done.failed == []
+    assert "it is a bridge device" in done.kept[0] and "not a subnets file" in done.kept[1]
+    assert bogus.read_text() == "someone else's file"
+    assert sh("ip", "-n", node, "link", "show", kernel.VXLAN_DEVICE)
+
+
+def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent_recorded(
+    node: str, tmp_path: Path
+) -> None:
+    """The agent's record (its netns, a route protocol other than the default, its subnets file) is what
+    ``install-cni --uninstall`` removes by, in the node's netns; the request stays until the next install."""
+    root = Root(tmp_path)
+    subnets = root("/var/lib/nodeplug/cluster/subnets.json")
+    write_subnets(subnets)
+    inside(node, agent_state)
+    sh("ip", "-n", node, "route", "add", "10.244.5.0/24", "via", "192.168.50.5", "proto", "112")
+    foreign_state(node)
+
+    def last_agent(nl: Rtnl) -> None:
+        lock = uninstall.Lock(root(uninstall.LOCK))
+        assert lock.try_acquire()
+        lock.write(uninstall.Record("n1", uninstall.this_netns(), 112, str(subnets), 1))
+        lock.release()  # the agent is gone (stopped, or killed)
+
+    inside(node, last_agent)
+    said: list[str] = []
+    inside(node, lambda nl: cninetwork.remove_cluster_network(root, said.append, timeout=5))
+    assert "removed 1 route(s) of protocol 112: 10.244.5.0/24" in said[0], said
+    assert f"removed {subnets}" in said and not subnets.exists()
+    assert owned_left(node)["vxlan"] == "" and owned_left(node)["tables"] == []
+    assert "10.244.2.0/24" in sh("ip", "-n", node, "route", "show", "proto", "110")  # 110 is not this agent's here
+    assert_foreign_kept(node)
+    assert uninstall.requested(root(uninstall.MARKER)) and not root(uninstall.LOCK).exists()
+    # in another netns (here: the test's own), the same root's uninstall leaves the kernel alone
+    assert cninetwork.on_this_node(root) is False  # no record left: a temporary root is nobody's node
