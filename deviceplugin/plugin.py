@@ -26,17 +26,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin import cdi
 from deviceplugin.config import Config, Resource
-from deviceplugin.dra.driver import DraDriver
 from deviceplugin.inotify import IN_Q_OVERFLOW, Inotify
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
 from deviceplugin.resource import ResourceRuntime
 from deviceplugin.uevent import UeventMonitor
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext, Readiness
+
+if TYPE_CHECKING:  # the DRA driver (and the Kubernetes client under it) is imported only when DRA is on
+    from deviceplugin.dra.driver import DraDriver
 
 DEBOUNCE = 0.01
 FALLBACK_POLL = 1.0
@@ -214,6 +216,8 @@ class DevicePlugin:
         self.resources[res.name] = rt
 
     async def _start_dra(self) -> None:
+        from deviceplugin.dra.driver import DraDriver
+
         dra = DraDriver(
             self.section.dra,
             root=self.ctx.root,

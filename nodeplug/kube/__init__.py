@@ -12,9 +12,31 @@ here blocks start-up, and a watch outlives any outage.
 
 from __future__ import annotations
 
-from nodeplug.kube.client import KubeApiError, KubeClient, KubeError, KubeUnavailable, resource_path
-from nodeplug.kube.config import KubeConfigError, KubeSource, node_name, resolve
-from nodeplug.kube.watch import Backoff, Event, ListWatch, WatchStatus
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nodeplug.kube.client import KubeApiError, KubeClient, KubeError, KubeUnavailable, resource_path
+    from nodeplug.kube.config import KubeConfigError, KubeSource, node_name, resolve
+    from nodeplug.kube.watch import Backoff, Event, ListWatch, WatchStatus
+
+# Each name is imported from its module on first use (PEP 562), so that importing nodeplug.kube.config to find out
+# whether any API is configured does not load lightkube and httpx (several MiB of a single-node agent's memory).
+_HOME = {
+    **dict.fromkeys(("KubeApiError", "KubeClient", "KubeError", "KubeUnavailable", "resource_path"), "client"),
+    **dict.fromkeys(("KubeConfigError", "KubeSource", "node_name", "resolve"), "config"),
+    **dict.fromkeys(("Backoff", "Event", "ListWatch", "WatchStatus"), "watch"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Backoff",

@@ -24,11 +24,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
-from lightkube.config.kubeconfig import KubeConfig, SingleConfig
-from lightkube.config.models import Cluster, User
-from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+
+if TYPE_CHECKING:  # lightkube (and httpx under it) is imported only when an API is named: single-node stays lean
+    from lightkube.config.kubeconfig import SingleConfig
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -50,6 +51,9 @@ class KubeSource:
 
 
 def _from_file(path: Path, origin: str, context: str | None) -> KubeSource:
+    from lightkube.config.kubeconfig import KubeConfig
+    from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+
     if not path.is_file():
         raise KubeConfigError(f"{origin}: no such file")
     try:
@@ -80,6 +84,9 @@ def _in_cluster(env: Mapping[str, str], account_dir: Path) -> KubeSource | None:
         namespace = (account_dir / "namespace").read_text().strip()
     except OSError as e:
         raise KubeConfigError(f"in-cluster service account {account_dir}: {e}") from None
+    from lightkube.config.kubeconfig import KubeConfig
+    from lightkube.config.models import Cluster, User
+
     kc = KubeConfig.from_one(
         cluster=Cluster(server=f"https://{host}:{port}", certificate_auth=str(account_dir / "ca.crt")),
         user=User(token=token, token_file=str(token_file)),  # read again on 401: kubelet rotates it
