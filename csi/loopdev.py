@@ -56,7 +56,11 @@ def attached_to(device: str, name: str, backing: Path) -> bool:
     gone (the agent's container, and with it its mount of the host's state directory, ended since: an agent
     restart), the name is only the part below that mount (``/csi/volumes/<id>.img``); such a device is this file's
     when the kernel says it is attached to this file's device and inode (LOOP_GET_STATUS64)."""
-    want = os.path.realpath(backing)
+    return _attached(device, name, os.path.realpath(backing))
+
+
+def _attached(device: str, name: str, want: str) -> bool:
+    """:func:`attached_to` with the backing file's real path ``want`` resolved once by the caller."""
     if name == want:
         return True
     if not want.endswith(name) or os.path.basename(name) != os.path.basename(want):
@@ -71,15 +75,17 @@ def attached_to(device: str, name: str, backing: Path) -> bool:
 def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
     """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
     name only ends like the file's is checked by :func:`attached_to`)."""
+    want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
     found = []
     for d in sys_block.glob("loop*"):
         try:
             back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+            if not _attached(f"/dev/{d.name}", back, want):
+                continue
             ro = (d / "ro").read_text().strip() == "1"
         except OSError:
             continue
-        if attached_to(f"/dev/{d.name}", back, backing):
-            found.append((f"/dev/{d.name}", ro))
+        found.append((f"/dev/{d.name}", ro))
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
