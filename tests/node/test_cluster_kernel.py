@@ -86,22 +86,27 @@ def test_vxlan_device_is_kept_as_it_is_and_recreated_only_when_its_settings_chan
     assert inside(node, kernel.remove_vxlan) is False
 
 
+def auto_mode_state() -> State:
+    """Node-1's wanted state in auto mode: node-2 direct, node-4 over VXLAN (both families), its FDB and neighbours."""
+    return State(
+        {
+            net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("192.168.50.2"), False),
+            net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False),
+            net("10.244.4.0/24"): RouteSpec(net("10.244.4.0/24"), ip("10.244.4.0"), True),
+            net("fd44:0:0:4::/64"): RouteSpec(net("fd44:0:0:4::/64"), ip("fd44:0:0:4::"), True),
+        },
+        {"02:00:00:00:00:04": ip("192.168.60.4")},
+        {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"},
+    )
+
+
 def test_entries_are_written_read_back_and_only_ours_are_changed(node: str) -> None:
     sh("ip", "-n", node, "route", "add", "10.244.9.0/24", "via", "192.168.50.9", "proto", "static")
 
     def work(nl: Rtnl) -> tuple[kernel.Owned, list[str], kernel.Owned, list[str], kernel.Owned]:
         vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
-        want = State(
-            {
-                net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("192.168.50.2"), False),
-                net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False),
-                net("10.244.4.0/24"): RouteSpec(net("10.244.4.0/24"), ip("10.244.4.0"), True),
-                net("fd44:0:0:4::/64"): RouteSpec(net("fd44:0:0:4::/64"), ip("fd44:0:0:4::"), True),
-                net("10.244.9.0/24"): RouteSpec(net("10.244.9.0/24"), ip("192.168.50.99"), False),  # not ours
-            },
-            {"02:00:00:00:00:04": ip("192.168.60.4")},
-            {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"},
-        )
+        want = auto_mode_state()
+        want.routes[net("10.244.9.0/24")] = RouteSpec(net("10.244.9.0/24"), ip("192.168.50.99"), False)  # not ours
         have = State.empty()
         problems = kernel.apply(nl, changes(want, have), have, PROTO, vx.ifindex)
         back = kernel.read_owned(nl, PROTO, vx.ifindex)
@@ -145,16 +150,7 @@ def agent_state(nl: Rtnl) -> None:
     """What an agent in auto mode leaves in its netns: direct and VXLAN routes (both families), FDB, neighbours, the
     masquerade table."""
     vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
-    want = State(
-        {
-            net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("192.168.50.2"), False),
-            net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False),
-            net("10.244.4.0/24"): RouteSpec(net("10.244.4.0/24"), ip("10.244.4.0"), True),
-            net("fd44:0:0:4::/64"): RouteSpec(net("fd44:0:0:4::/64"), ip("fd44:0:0:4::"), True),
-        },
-        {"02:00:00:00:00:04": ip("192.168.60.4")},
-        {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"},
-    )
+    want = auto_mode_state()
     assert kernel.apply(nl, changes(want, State.empty()), State.empty(), PROTO, vx.ifindex) == []
     masq.install([net("10.244.1.0/24"), net("fd44:0:0:1::/64")], [net("10.244.0.0/16"), net("fd44::/48")])
 
