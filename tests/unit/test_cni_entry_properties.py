@@ -90,12 +90,20 @@ BASE: dict[str, Any] = {
     "type": "nodeplug",
     "ipam": {"type": "nodeplug", "ranges": [[{"subnet": "10.70.0.0/24"}]], "dataDir": "/nonexistent"},
 }
+PREV_RESULT = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "eth0", "sandbox": "/run/netns/p"}],
+    "ips": [{"address": "10.70.0.2/24", "interface": 0}],
+}
+BASES = [BASE, {**BASE, "type": "bridge"}, {**BASE, "prevResult": {"interfaces": [{"name": "eth0"}]}},
+         {**BASE, "prevResult": PREV_RESULT}, {**BASE, "cni.dev/valid-attachments": []}]  # fmt: skip
 configs = st.builds(
     lambda base, changes: json.dumps({**base, **changes}).encode(),
-    st.sampled_from([BASE, {**BASE, "type": "bridge"}, {**BASE, "prevResult": {"interfaces": [{"name": "eth0"}]}}]),
+    st.sampled_from(BASES),
     st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=3),
 )
 stdins = st.one_of(
+    st.sampled_from(BASES).map(lambda conf: json.dumps(conf).encode()),  # valid: the commands run to the end
     st.binary(max_size=300),
     json_values.map(lambda v: json.dumps(v).encode()),
     configs,
@@ -103,7 +111,7 @@ stdins = st.one_of(
     st.sampled_from([b"NaN", b'{"cniVersion": "1.0.0", "mtu": NaN}', b'{"a": Infinity}', b"\xff\xfe{}"]),
 )
 env_text = st.binary(max_size=30).map(lambda b: b.replace(b"\0", b"").decode("utf-8", "surrogateescape"))
-envs = st.fixed_dictionaries(
+hostile_envs = st.fixed_dictionaries(
     {"CNI_COMMAND": st.sampled_from([*skel.COMMANDS, "", "BOGUS"])},
     optional={
         "CNI_CONTAINERID": st.one_of(st.just("c1"), env_text, st.text(alphabet="ab-1", min_size=200, max_size=300)),
@@ -112,7 +120,12 @@ envs = st.fixed_dictionaries(
         "CNI_PATH": st.one_of(st.just("/opt/cni/bin"), env_text),
         "CNI_ARGS": st.one_of(st.just("IgnoreUnknown=1;K8S_POD_NAME=p"), env_text),
     },
-).map(lambda env: {**env, "NODEPLUG_CNI_STANDALONE": "1"})
+)
+# Well formed: the invocation gets past the environment checks, so the config and the commands are exercised too (the
+# hostile variables alone almost never make a complete, valid set).
+WELL_FORMED_ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"}
+well_formed_envs = st.sampled_from(skel.COMMANDS).map(lambda command: {**WELL_FORMED_ENV, "CNI_COMMAND": command})
+envs = st.one_of(hostile_envs, well_formed_envs).map(lambda env: {**env, "NODEPLUG_CNI_STANDALONE": "1"})
 
 
 # ---------------------------------------------------------------- the entry point in process
@@ -124,6 +137,14 @@ def test_any_input_gets_exactly_one_answer(env: dict[str, str], stdin: bytes) ->
     out = io.StringIO()
     code = entry.run(env, io.BytesIO(stdin), out, handlers())
     assert_one_answer(env["CNI_COMMAND"], code, out.getvalue())
+
+
+def test_a_well_formed_add_gets_through_to_the_commands() -> None:
+    """The property above reaches the commands: its base config and well-formed environment make a working ADD."""
+    out = io.StringIO()
+    env = {**WELL_FORMED_ENV, "CNI_COMMAND": "ADD", "NODEPLUG_CNI_STANDALONE": "1"}
+    assert entry.run(env, io.BytesIO(json.dumps(BASE).encode()), out, handlers()) == 0, out.getvalue()
+    assert json.loads(out.getvalue())["ips"][0]["address"].startswith("10.70.0.")
 
 
 @pytest.mark.parametrize("command", ["ADD", "DEL", "CHECK", "VERSION"])
