@@ -138,14 +138,12 @@ def run(
         return 0
     lost = env.get(thick.ENV_AGENT_LOST)
     if lost:
-        stdout.write(CniError(TRY_AGAIN_LATER, details=f"{lost}; retry the operation").to_json(_version_of(stdin)))
-        return 1
+        return _try_again_later(lost, stdin, stdout)
     if command and env.get("NODEPLUG_CNI_STANDALONE", "") in ("", "0"):
         try:
             answer = _ask_agent(env, stdin)
         except thick.AgentLost as e:
-            stdout.write(CniError(TRY_AGAIN_LATER, details=f"{e}; retry the operation").to_json(_version_of(stdin)))
-            return 1
+            return _try_again_later(str(e), stdin, stdout)
         if answer is not None:
             code, out = answer
             stdout.write(out.decode("utf-8", "replace"))
@@ -153,13 +151,11 @@ def run(
     return _standalone(env, stdin, stdout, handlers)
 
 
-def _version_of(stdin: bytes) -> str:
-    """Best effort: the config's cniVersion (the latest when stdin is empty or unreadable)."""
-    try:
-        conf = strictjson.loads(stdin)
-    except ValueError:
-        return versions.LATEST
-    return versions.config_version(conf)
+def _try_again_later(why: str, stdin: bytes, stdout: TextIO) -> int:
+    """The agent took the request and was lost before answering: code 11, never the work redone here."""
+    err = CniError(TRY_AGAIN_LATER, details=f"{why}; retry the operation")
+    stdout.write(err.to_json(versions.stdin_version(stdin)))
+    return 1
 
 
 def main() -> None:

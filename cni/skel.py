@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TextIO
 
-from cni import netconf, strictjson, versions
+from cni import netconf, versions
 from cni.errors import INTERNAL, INVALID_ENVIRONMENT, INVALID_NETWORK_CONFIG, CniError
 from cni.netconf import NetConf
 from cni.types import EMPTY, Result, repr_without
@@ -167,15 +167,6 @@ def parse_conf(command: str, stdin: bytes) -> NetConf:
     return netconf.parse(raw)
 
 
-def config_version(stdin: bytes) -> str:
-    """Best effort: the config's cniVersion, for the error JSON; the latest when empty or unreadable."""
-    try:
-        conf = strictjson.loads(stdin)
-    except ValueError:  # a decode error, UnicodeDecodeError, deep nesting
-        return versions.LATEST
-    return versions.config_version(conf)
-
-
 def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
     """Run one CNI invocation; write the answer to ``stdout``; return the exit status (0 or 1)."""
     try:
@@ -195,9 +186,9 @@ def run(handlers: Mapping[str, Handler], env: Mapping[str, str], stdin: bytes, s
             stdout.write(json.dumps(versions.convert_result(result.to_dict(), conf.cni_version)))
         return 0
     except CniError as e:
-        stdout.write(e.to_json(config_version(stdin)))
+        stdout.write(e.to_json(versions.stdin_version(stdin)))
         return 1
     except Exception as e:  # a bug or an unexpected kernel failure: still spec-shaped
         err = CniError(INTERNAL, details=f"{type(e).__name__}: {e}")
-        stdout.write(err.to_json(config_version(stdin)))
+        stdout.write(err.to_json(versions.stdin_version(stdin)))
         return 1

@@ -57,9 +57,21 @@ def check_supported(version: str, command: str = "") -> None:
 
 def config_version(config: Any) -> str:
     """A decoded config's ``cniVersion`` when we speak it, else :data:`LATEST` (also for a config that is not an
-    object): the version VERSION echoes and errors are written in."""
+    object): the version errors are written in."""
     v = config.get("cniVersion") if isinstance(config, dict) else None
     return v if v in SUPPORTED else LATEST
+
+
+def stdin_version(stdin: bytes) -> str:
+    """Best effort, for an error JSON: the ``cniVersion`` of the config on stdin (:func:`config_version`), the latest
+    when stdin is empty or not JSON."""
+    from cni import strictjson
+
+    try:
+        conf = strictjson.loads(stdin)
+    except ValueError:  # a decode error, UnicodeDecodeError, deep nesting
+        return LATEST
+    return config_version(conf)
 
 
 def version_info() -> dict[str, Any]:
