@@ -82,6 +82,8 @@ def _handed(env: Mapping[str, str]) -> tuple[socket.socket, float] | None:
         waited = float(waited_text)
     except (OSError, ValueError):
         return None
+    if not 0 <= waited < float("inf"):  # not what the launcher writes (NaN, negative, infinite): the wait is used up
+        waited = float("inf")
     os.set_inheritable(fd, False)
     return socket.socket(fileno=fd), waited
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -240,7 +241,7 @@ def test_an_agent_dying_after_go_is_try_again_later(
     assert not list(tmp_path.glob("*.db"))  # the entry point did not redo the work
 
 
-def handed_on(path: Path, stdin: bytes, waited: float) -> dict[str, str]:
+def handed_on(path: Path, stdin: bytes, waited: float | str) -> dict[str, str]:
     """The entry point's environment after the launcher sent the request to ``path`` and waited ``waited`` seconds
     for its ACK in vain: the open connection is handed on, as the launcher hands it."""
     sock = socket.socket(socket.AF_UNIX)
@@ -277,6 +278,20 @@ def test_remaining_wait_is_what_agent_timeout_leaves(
     stdin = json.dumps(ipam_only(tmp_path, a.path, agentTimeout=0.5)).encode()
     code, out = run_entry(handed_on(a.path, stdin, waited=0.5), stdin)
     assert code == 0 and out["ips"][0]["address"] == "10.60.0.2/24" and a.connections == 1
+
+
+@pytest.mark.parametrize("waited", ["-inf", "-1e400", "nan", "-3"])
+def test_a_nonsense_wait_from_the_environment_neither_crashes_nor_waits_longer(
+    tmp_path: Path, fake_agent: Callable[[Callable[[socket.socket], None]], FakeAgent], waited: str
+) -> None:
+    """Regression: NODEPLUG_CNI_AGENT_WAITED=-inf raised OverflowError (no answer on stdout at all), and a negative
+    wait made the entry point wait longer than agentTimeout."""
+    a = fake_agent(lambda c: None)
+    stdin = json.dumps(ipam_only(tmp_path, a.path, agentTimeout=0.3)).encode()
+    started = time.monotonic()
+    code, out = run_entry(handed_on(a.path, stdin, waited), stdin)
+    assert code == 0 and out["ips"][0]["address"] == "10.60.0.2/24" and a.connections == 1
+    assert time.monotonic() - started < 2
 
 
 def test_agent_drops_a_request_whose_client_never_sends_go(tmp_root: Path) -> None:
