@@ -70,7 +70,7 @@ def _standalone(env: Mapping[str, str], stdin: bytes, stdout: TextIO, handlers: 
 def _handed(env: Mapping[str, str]) -> tuple[socket.socket, float] | None:
     """The connection the launcher handed on (a socket it sent the request on) and how long it already waited."""
     fd_text, waited_text = env.get(thick.ENV_AGENT_FD, ""), env.get(thick.ENV_AGENT_WAITED, "0")
-    if not fd_text.isdigit() or int(fd_text) <= 2:
+    if not (fd_text.isascii() and fd_text.isdigit()) or not 2 < int(fd_text) <= 0x7FFFFFFF:  # as the launcher writes
         return None
     import socket
     import stat

@@ -294,6 +294,16 @@ def test_a_nonsense_wait_from_the_environment_neither_crashes_nor_waits_longer(
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.parametrize("fd", ["\u00b2", "99999999999999999999", "\u0663", "-1", "1"])
+def test_a_nonsense_handed_fd_from_the_environment_is_ignored(tmp_path: Path, fd: str) -> None:
+    """Regression: NODEPLUG_CNI_AGENT_FD=² (str.isdigit accepts it, int() does not) and an fd beyond a C int raised
+    ValueError and OverflowError, so the entry point printed nothing; ٣ (another script's 3) was taken as fd 3."""
+    sock = tmp_path / "absent.sock"
+    env = {**ENV, thick.ENV_AGENT_FD: fd, thick.ENV_AGENT_WAITED: "0.5", thick.ENV_AGENT_TRIED: str(sock)}
+    code, out = run_entry(env, ipam_only(tmp_path, sock))
+    assert code == 0 and out["ips"][0]["address"] == "10.60.0.2/24"
+
+
 def test_agent_drops_a_request_whose_client_never_sends_go(tmp_root: Path) -> None:
     async def scenario() -> list[tuple[str, str]]:
         plugin = create(Config(handshake_timeout=0.2), AgentContext(root=Root(tmp_root)))
