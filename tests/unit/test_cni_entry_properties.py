@@ -119,6 +119,11 @@ hostile_envs = st.fixed_dictionaries(
         "CNI_IFNAME": st.one_of(st.just("eth0"), env_text),
         "CNI_PATH": st.one_of(st.just("/opt/cni/bin"), env_text),
         "CNI_ARGS": st.one_of(st.just("IgnoreUnknown=1;K8S_POD_NAME=p"), env_text),
+        # the launcher's notes (not NODEPLUG_CNI_AGENT_FD: a number may name one of this test process's own fds)
+        thick.ENV_AGENT_WAITED: st.one_of(st.sampled_from(["-inf", "nan", "-1", "1e400"]), env_text),
+        thick.ENV_AGENT_TRIED: st.one_of(st.just(thick.DEFAULT_SOCKET), env_text),
+        thick.ENV_AGENT_LOST: env_text,
+        thick.ENV_STDIN_FAILED: st.one_of(st.just("too large"), env_text),
     },
 )
 # Well formed: the invocation gets past the environment checks, so the config and the commands are exercised too (the
