@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -100,7 +100,7 @@ class Preparer:
         self.devices = devices
         self.cdi_dir = cdi_dir
         self.log = log
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> its lock, coroutines using it
         # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
         self.holders: dict[tuple[str, str], str] = {}
         for c in store.all():
@@ -137,11 +137,24 @@ class Preparer:
         except NameError_ as e:
             raise PrepareError(f"claim: {e}") from None
 
-    def _lock(self, uid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uid, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _serialised(self, uid: str) -> AsyncIterator[None]:
+        """One coroutine at a time per claim UID; the lock is forgotten when its last user is done, so claims that
+        failed or were unprepared leave nothing behind, and no coroutine ever waits on a lock another has replaced."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
 
     async def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        async with self._lock(ref.uid):
+        async with self._serialised(ref.uid):
             return await self._prepare(ref)
 
     async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
@@ -251,7 +264,7 @@ class Preparer:
         self.devices.claims_changed()
 
     async def unprepare(self, uid: str) -> None:
-        async with self._lock(uid):
+        async with self._serialised(uid):
             claim = self.store.get(uid)
             if claim is None:
                 return
@@ -260,4 +273,3 @@ class Preparer:
             except (OSError, ValueError) as e:
                 raise PrepareError(f"claim {claim.namespace}/{claim.name}: {e}") from None
             self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", claim_uid=uid)
-        self._locks.pop(uid, None)
