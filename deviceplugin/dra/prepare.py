@@ -17,9 +17,11 @@ Unprepare (:meth:`Preparer.unprepare`) needs only the record: it removes the cla
 is done at once for a claim it does not know (already unprepared, or never prepared here). It works while the API
 server is away.
 
-Both are serialised per claim UID; the checks of step 3 and the recording of step 4 happen with no await between
+Both are serialised per claim UID. The checks of step 3 and taking the devices' holds happen with no await between
 them, so two claims (or a claim and a device-plugin Allocate, which runs in the same event loop) never take one
-device. Errors are :class:`PrepareError`, whose text goes into the claim's entry of the response.
+device. The database and the spec file are written in a worker thread (``asyncio.to_thread``), never on the event
+loop that serves every other claim and the device plugin. Errors are :class:`PrepareError`, whose text goes into the
+claim's entry of the response.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Preparer:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> its lock, coroutines using it
         # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
         self.holders: dict[tuple[str, str], str] = {}
+        self._who: dict[str, str] = {}  # uid -> namespace/name, for the claims that hold devices
         for c in store.all():
             self._hold(c)
 
@@ -112,20 +115,18 @@ class Preparer:
         for d in claim.devices:
             if not d.admin_access:
                 self.holders[(d.resource, d.device_id)] = claim.uid
+                self._who[claim.uid] = f"{claim.namespace}/{claim.name}"
 
     def _release(self, uid: str) -> None:
         for key in [k for k, v in self.holders.items() if v == uid]:
             del self.holders[key]
+        self._who.pop(uid, None)
 
     def held(self) -> dict[str, dict[str, str]]:
         """Per resource: physical device id -> why the device plugin may not hand it out."""
         out: dict[str, dict[str, str]] = {}
-        names: dict[str, str] = {}
         for (res, dev_id), uid in self.holders.items():
-            if uid not in names:
-                c = self.store.get(uid)
-                names[uid] = f"{c.namespace}/{c.name}" if c else uid
-            out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {names[uid]}"
+            out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {self._who.get(uid, uid)}"
         return out
 
     # ------------------------------------------------------------ prepare
@@ -158,7 +159,7 @@ class Preparer:
             return await self._prepare(ref)
 
     async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        known = self.store.get(ref.uid)
+        known = await asyncio.to_thread(self.store.get, ref.uid)
         if known is not None and known.state == "prepared":
             if (known.namespace, known.name) != (ref.namespace, ref.name):
                 raise PrepareError(
@@ -166,7 +167,7 @@ class Preparer:
                 )
             return known.devices
         if known is not None:  # a preparation that died half-way: start again from nothing
-            self._undo(known)
+            await self._undo(known)
         try:
             obj = await self.source.get_claim(ref.namespace, ref.name)
             alloc = parse_claim(obj, namespace=ref.namespace, name=ref.name, uid=ref.uid, driver=self.driver)
@@ -194,8 +195,7 @@ class Preparer:
             if not admin[(pool, name)]:
                 holder = self.holders.get(key)
                 if holder is not None and holder != ref.uid:
-                    other = self.store.get(holder)
-                    who = f"{other.namespace}/{other.name}" if other else holder
+                    who = self._who.get(holder, holder)
                     problems.append(f"device {pool}/{name}: already prepared for claim {who}")
                     continue
                 elsewhere = self.devices.in_use_elsewhere(*key)
@@ -223,18 +223,24 @@ class Preparer:
             spec_file=claimcdi.spec_filename(self.driver, ref.uid),
             devices=tuple(pd for _, pd in chosen),
         )
-        self.store.begin(record)  # before anything exists on the host: a crash from here on is found again
-        self._hold(record)
+        self._hold(record)  # at once, with no await since the checks: no other claim or Allocate takes them now
         self.devices.claims_changed()
+        try:
+            # the record before anything exists on the host: a crash from here on is found again
+            await asyncio.to_thread(self.store.begin, record)
+        except Exception:  # rolled back: nothing recorded (when cancelled, the thread may still record it: keep)
+            self._release(ref.uid)
+            self.devices.claims_changed()
+            raise
         try:
             if chosen:
                 spec = claimcdi.build(self.driver, ref.uid, [cd for cd, _ in chosen])
-                claimcdi.write(self.cdi_dir, self.driver, ref.uid, spec)
+                await asyncio.to_thread(claimcdi.write, self.cdi_dir, self.driver, ref.uid, spec)
             await self._reset(chosen)
-            self.store.finish(ref.uid)
+            await asyncio.to_thread(self.store.finish, ref.uid)
         except BaseException as e:
             with contextlib.suppress(Exception):
-                self._undo(record)
+                await self._undo(record)
             if isinstance(e, CommandError | OSError):
                 raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
             raise
@@ -256,20 +262,26 @@ class Preparer:
 
     # ------------------------------------------------------------ unprepare
 
-    def _undo(self, claim: PreparedClaim) -> None:
-        """Remove what ``claim`` made (its spec file), then its record; release its devices."""
+    def _remove(self, claim: PreparedClaim) -> None:
         claimcdi.remove(self.cdi_dir, claim.spec_file)
         self.store.remove(claim.uid)
+
+    async def _undo(self, claim: PreparedClaim) -> None:
+        """Remove what ``claim`` made (its spec file), then its record; release its devices."""
+        await asyncio.to_thread(self._remove, claim)
         self._release(claim.uid)
         self.devices.claims_changed()
 
     async def unprepare(self, uid: str) -> None:
         async with self._serialised(uid):
-            claim = self.store.get(uid)
+            claim = await asyncio.to_thread(self.store.get, uid)
             if claim is None:
+                if uid in self._who:  # held by a preparation cancelled before its record was known to be written
+                    self._release(uid)
+                    self.devices.claims_changed()
                 return
             try:
-                self._undo(claim)
+                await self._undo(claim)
             except (OSError, ValueError) as e:
                 raise PrepareError(f"claim {claim.namespace}/{claim.name}: {e}") from None
             self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", claim_uid=uid)

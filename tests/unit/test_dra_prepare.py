@@ -4,9 +4,12 @@ holds between claims and the device plugin. The claim source is a dict (pure log
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sqlite3
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -257,6 +260,24 @@ async def test_no_lock_is_kept_for_a_claim_that_is_done_with(env: Any) -> None:
     await p.prepare(ClaimRef("ns", "c1", UID1))
     await p.unprepare(UID1)
     assert p._locks == {}
+
+
+async def test_a_busy_claims_database_does_not_stop_the_event_loop(env: Any) -> None:
+    """While another writer holds the database, the preparation waits in a worker thread; the loop goes on."""
+    p = env.preparer()
+    env.source.add("ns", "c1", UID1, ["fuse-fuse"])
+    other = sqlite3.connect(env.db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, lambda: other.execute("COMMIT")).start()
+    task = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
+    ticks = [time.monotonic()]
+    while not task.done():
+        await asyncio.sleep(0.01)
+        ticks.append(time.monotonic())
+    other.close()
+    await task
+    assert ticks[-1] - ticks[0] >= 0.4  # it did wait for the other writer
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
 
 
 def test_hostile_refs() -> None:
