@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,30 +83,22 @@ class ClaimRef:
     uid: str
 
 
+@dataclass(eq=False, kw_only=True)
 class Preparer:
-    def __init__(
-        self,
-        *,
-        driver: str,
-        pool: str,
-        store: ClaimStore,
-        source: ClaimSource,
-        devices: Devices,
-        cdi_dir: Path,
-        log: Logger,
-    ) -> None:
-        self.driver = driver
-        self.pool = pool
-        self.store = store
-        self.source = source
-        self.devices = devices
-        self.cdi_dir = cdi_dir
-        self.log = log
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> its lock, coroutines using it
-        # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
-        self.holders: dict[tuple[str, str], str] = {}
-        self._who: dict[str, str] = {}  # uid -> namespace/name, for the claims that hold devices
-        for c in store.all():
+    driver: str
+    pool: str  # this node's pool (the node name)
+    store: ClaimStore
+    source: ClaimSource
+    devices: Devices
+    cdi_dir: Path
+    log: Logger
+    _locks: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False)  # uid -> lock, its users
+    # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
+    holders: dict[tuple[str, str], str] = field(default_factory=dict, init=False)
+    _who: dict[str, str] = field(default_factory=dict, init=False)  # uid -> namespace/name, of claims holding devices
+
+    def __post_init__(self) -> None:
+        for c in self.store.all():
             self._hold(c)
 
     # ------------------------------------------------------------ holds
