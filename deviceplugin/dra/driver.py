@@ -37,7 +37,7 @@ from deviceplugin.dra.claims import ClaimError
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.inventory import POLL_SECONDS, InventoryView
 from deviceplugin.dra.kubeapi import ClaimReader, served_version
-from deviceplugin.dra.prepare import Preparer
+from deviceplugin.dra.prepare import Offered, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.servicer import SUPPORTED_SERVICES, Handler, V1Beta1Servicer, V1Servicer
 from deviceplugin.dra.store import ClaimStore
@@ -85,7 +85,7 @@ class _Devices:
     def __init__(self, driver: DraDriver) -> None:
         self.d = driver
 
-    def offered(self, name: str) -> Any:
+    def offered(self, name: str) -> Offered | None:
         return self.d.view.offered(name)
 
     def in_use_elsewhere(self, resource: str, device_id: str) -> str:

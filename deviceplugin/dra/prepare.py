@@ -17,17 +17,19 @@ Unprepare (:meth:`Preparer.unprepare`) needs only the record: it removes the cla
 is done at once for a claim it does not know (already unprepared, or never prepared here). It works while the API
 server is away.
 
-Both are serialised per claim UID; the checks of step 3 and the recording of step 4 happen with no await between
+Both are serialised per claim UID. The checks of step 3 and taking the devices' holds happen with no await between
 them, so two claims (or a claim and a device-plugin Allocate, which runs in the same event loop) never take one
-device. Errors are :class:`PrepareError`, whose text goes into the claim's entry of the response.
+device. The database and the spec file are written in a worker thread (``asyncio.to_thread``), never on the event
+loop that serves every other claim and the device plugin. Errors are :class:`PrepareError`, whose text goes into the
+claim's entry of the response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -81,29 +83,22 @@ class ClaimRef:
     uid: str
 
 
+@dataclass(eq=False, kw_only=True)
 class Preparer:
-    def __init__(
-        self,
-        *,
-        driver: str,
-        pool: str,
-        store: ClaimStore,
-        source: ClaimSource,
-        devices: Devices,
-        cdi_dir: Path,
-        log: Logger,
-    ) -> None:
-        self.driver = driver
-        self.pool = pool
-        self.store = store
-        self.source = source
-        self.devices = devices
-        self.cdi_dir = cdi_dir
-        self.log = log
-        self._locks: dict[str, asyncio.Lock] = {}
-        # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
-        self.holders: dict[tuple[str, str], str] = {}
-        for c in store.all():
+    driver: str
+    pool: str  # this node's pool (the node name)
+    store: ClaimStore
+    source: ClaimSource
+    devices: Devices
+    cdi_dir: Path
+    log: Logger
+    _locks: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False)  # uid -> lock, its users
+    # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
+    holders: dict[tuple[str, str], str] = field(default_factory=dict, init=False)
+    _who: dict[str, str] = field(default_factory=dict, init=False)  # uid -> namespace/name, of claims holding devices
+
+    def __post_init__(self) -> None:
+        for c in self.store.all():
             self._hold(c)
 
     # ------------------------------------------------------------ holds
@@ -112,20 +107,18 @@ class Preparer:
         for d in claim.devices:
             if not d.admin_access:
                 self.holders[(d.resource, d.device_id)] = claim.uid
+                self._who[claim.uid] = f"{claim.namespace}/{claim.name}"
 
     def _release(self, uid: str) -> None:
         for key in [k for k, v in self.holders.items() if v == uid]:
             del self.holders[key]
+        self._who.pop(uid, None)
 
     def held(self) -> dict[str, dict[str, str]]:
         """Per resource: physical device id -> why the device plugin may not hand it out."""
         out: dict[str, dict[str, str]] = {}
-        names: dict[str, str] = {}
         for (res, dev_id), uid in self.holders.items():
-            if uid not in names:
-                c = self.store.get(uid)
-                names[uid] = f"{c.namespace}/{c.name}" if c else uid
-            out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {names[uid]}"
+            out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {self._who.get(uid, uid)}"
         return out
 
     # ------------------------------------------------------------ prepare
@@ -137,15 +130,28 @@ class Preparer:
         except NameError_ as e:
             raise PrepareError(f"claim: {e}") from None
 
-    def _lock(self, uid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uid, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _serialised(self, uid: str) -> AsyncIterator[None]:
+        """One coroutine at a time per claim UID; the lock is forgotten when its last user is done, so claims that
+        failed or were unprepared leave nothing behind, and no coroutine ever waits on a lock another has replaced."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
 
     async def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        async with self._lock(ref.uid):
+        async with self._serialised(ref.uid):
             return await self._prepare(ref)
 
     async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        known = self.store.get(ref.uid)
+        known = await asyncio.to_thread(self.store.get, ref.uid)
         if known is not None and known.state == "prepared":
             if (known.namespace, known.name) != (ref.namespace, ref.name):
                 raise PrepareError(
@@ -153,7 +159,7 @@ class Preparer:
                 )
             return known.devices
         if known is not None:  # a preparation that died half-way: start again from nothing
-            self._undo(known)
+            await self._undo(known)
         try:
             obj = await self.source.get_claim(ref.namespace, ref.name)
             alloc = parse_claim(obj, namespace=ref.namespace, name=ref.name, uid=ref.uid, driver=self.driver)
@@ -181,8 +187,7 @@ class Preparer:
             if not admin[(pool, name)]:
                 holder = self.holders.get(key)
                 if holder is not None and holder != ref.uid:
-                    other = self.store.get(holder)
-                    who = f"{other.namespace}/{other.name}" if other else holder
+                    who = self._who.get(holder, holder)
                     problems.append(f"device {pool}/{name}: already prepared for claim {who}")
                     continue
                 elsewhere = self.devices.in_use_elsewhere(*key)
@@ -210,18 +215,24 @@ class Preparer:
             spec_file=claimcdi.spec_filename(self.driver, ref.uid),
             devices=tuple(pd for _, pd in chosen),
         )
-        self.store.begin(record)  # before anything exists on the host: a crash from here on is found again
-        self._hold(record)
+        self._hold(record)  # at once, with no await since the checks: no other claim or Allocate takes them now
         self.devices.claims_changed()
+        try:
+            # the record before anything exists on the host: a crash from here on is found again
+            await asyncio.to_thread(self.store.begin, record)
+        except Exception:  # rolled back: nothing recorded (when cancelled, the thread may still record it: keep)
+            self._release(ref.uid)
+            self.devices.claims_changed()
+            raise
         try:
             if chosen:
                 spec = claimcdi.build(self.driver, ref.uid, [cd for cd, _ in chosen])
-                claimcdi.write(self.cdi_dir, self.driver, ref.uid, spec)
+                await asyncio.to_thread(claimcdi.write, self.cdi_dir, self.driver, ref.uid, spec)
             await self._reset(chosen)
-            self.store.finish(ref.uid)
+            await asyncio.to_thread(self.store.finish, ref.uid)
         except BaseException as e:
             with contextlib.suppress(Exception):
-                self._undo(record)
+                await self._undo(record)
             if isinstance(e, CommandError | OSError):
                 raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
             raise
@@ -243,21 +254,26 @@ class Preparer:
 
     # ------------------------------------------------------------ unprepare
 
-    def _undo(self, claim: PreparedClaim) -> None:
-        """Remove what ``claim`` made (its spec file), then its record; release its devices."""
+    def _remove(self, claim: PreparedClaim) -> None:
         claimcdi.remove(self.cdi_dir, claim.spec_file)
         self.store.remove(claim.uid)
+
+    async def _undo(self, claim: PreparedClaim) -> None:
+        """Remove what ``claim`` made (its spec file), then its record; release its devices."""
+        await asyncio.to_thread(self._remove, claim)
         self._release(claim.uid)
         self.devices.claims_changed()
 
     async def unprepare(self, uid: str) -> None:
-        async with self._lock(uid):
-            claim = self.store.get(uid)
+        async with self._serialised(uid):
+            claim = await asyncio.to_thread(self.store.get, uid)
             if claim is None:
+                if uid in self._who:  # held by a preparation cancelled before its record was known to be written
+                    self._release(uid)
+                    self.devices.claims_changed()
                 return
             try:
-                self._undo(claim)
+                await self._undo(claim)
             except (OSError, ValueError) as e:
                 raise PrepareError(f"claim {claim.namespace}/{claim.name}: {e}") from None
             self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", claim_uid=uid)
-        self._locks.pop(uid, None)

@@ -66,12 +66,10 @@ class SlicePublisher:
         self.published: dict[str, Mapping[str, Any]] = {}  # name -> slice, from the watch and our own writes
         self.synced = False
         self.generation = 0
-        self.writes = 0
         self.last_error = ""
         self._node_uid: str | None = None
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.in_sync = asyncio.Event()  # set after a reconcile that found or made the desired state
 
     def start(self) -> None:
         self._tasks = [
@@ -88,7 +86,6 @@ class SlicePublisher:
         self._tasks = []
 
     def kick(self) -> None:
-        self.in_sync.clear()
         self._kick.set()
 
     # ------------------------------------------------------------ following
@@ -142,7 +139,6 @@ class SlicePublisher:
         have = self._observed()
         if slices.up_to_date(have, want):
             self.generation = max(self.generation, have[0].generation if have else 0)
-            self.in_sync.set()
             return
         if self._node_uid is None:
             self._node_uid = await node_uid(self.client, self.node)
@@ -161,18 +157,15 @@ class SlicePublisher:
             )
             stored = await (self.writer.replace(obj) if i < len(have) else self.writer.create(obj))
             self.published[str(stored["metadata"]["name"])] = stored
-            self.writes += 1
         for extra in have[len(want) :]:
             await self.writer.delete(extra.name)
             self.published.pop(extra.name, None)
-            self.writes += 1
         self.log.info(
             "ResourceSlices updated",
             generation=self.generation,
             slices=len(want),
             devices=sum(len(c) for c in want),
         )
-        self.in_sync.set()
 
     async def remove_all(self) -> None:
         """Delete every slice of this driver on this node (listed afresh: the watch may not have synced)."""

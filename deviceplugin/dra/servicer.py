@@ -10,6 +10,7 @@ failure for one claim is reported in its entry too, so one bad claim never fails
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -25,6 +26,8 @@ from nodeplug.log import Logger
 MAX_CLAIMS = 1024
 SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # what registration announces, preferred first
 
+Prepared = tuple[tuple[PreparedDevice, ...], str]  # a claim's devices, or the error text
+
 
 class _Claim(Protocol):
     namespace: str
@@ -32,19 +35,23 @@ class _Claim(Protocol):
     name: str
 
 
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
 class Handler:
-    """What both services do, on messages of either package."""
+    """What both services do, on the claims of a request of either package; each service builds its own typed
+    response from the outcome (per claim UID, in the request's order, each UID once)."""
 
     def __init__(self, preparer: Preparer, log: Logger) -> None:
         self.preparer = preparer
         self.log = log
 
     @staticmethod
-    async def _check(claims: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _check(claims: Sequence[_Claim], context: Context) -> None:
         if len(claims) > MAX_CLAIMS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(claims)} claims, at most {MAX_CLAIMS}")
 
-    async def _prepare_one(self, c: _Claim) -> tuple[tuple[PreparedDevice, ...], str]:
+    async def _prepare_one(self, c: _Claim) -> Prepared:
         try:
             ref = self.preparer.check_ref(c.namespace, c.name, c.uid)
             return await self.preparer.prepare(ref), ""
@@ -67,35 +74,21 @@ class Handler:
             self.log.error("claim not unprepared", exc_info=True, claim_uid=c.uid)
             return f"internal error: {e!r}"
 
-    async def prepare(self, pb: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await self._check(request.claims, context)
-        results = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
-        out = pb.NodePrepareResourcesResponse()
-        done: set[str] = set()
-        for c, (devices, error) in zip(request.claims, results, strict=True):
-            if c.uid in done:  # the same claim twice in one request: one entry (the preparer did it once)
-                continue
-            done.add(c.uid)
-            entry = out.claims[c.uid]
-            if error:
-                entry.error = error
-                continue
-            for d in devices:
-                entry.devices.add(
-                    request_names=list(d.requests),
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=list(d.cdi_ids),
-                )
+    async def prepare(self, claims: Sequence[_Claim], context: Context) -> dict[str, Prepared]:
+        """Per claim UID: its devices, or the error text. The same claim twice in one request is one entry (the
+        preparer did it once)."""
+        await self._check(claims, context)
+        results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        out: dict[str, Prepared] = {}
+        for c, result in zip(claims, results, strict=True):
+            out.setdefault(c.uid, result)
         return out
 
-    async def unprepare(self, pb: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await self._check(request.claims, context)
-        errors = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
-        out = pb.NodeUnprepareResourcesResponse()
-        for c, error in zip(request.claims, errors, strict=True):
-            out.claims[c.uid].error = error
-        return out
+    async def unprepare(self, claims: Sequence[_Claim], context: Context) -> dict[str, str]:
+        """Per claim UID: the error text, "" when done."""
+        await self._check(claims, context)
+        errors = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        return dict(zip((c.uid for c in claims), errors, strict=True))
 
 
 class V1Beta1Servicer(v1beta1_grpc.DRAPluginServicer):
@@ -103,15 +96,26 @@ class V1Beta1Servicer(v1beta1_grpc.DRAPluginServicer):
         self.h = handler
 
     async def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: v1beta1.NodePrepareResourcesRequest, context: Context
     ) -> v1beta1.NodePrepareResourcesResponse:
-        out: v1beta1.NodePrepareResourcesResponse = await self.h.prepare(v1beta1, request, context)
+        out = v1beta1.NodePrepareResourcesResponse()
+        for uid, (devices, error) in (await self.h.prepare(request.claims, context)).items():
+            entry = out.claims[uid]
+            entry.error = error
+            entry.devices.extend(
+                v1beta1.Device(
+                    request_names=d.requests, pool_name=d.pool, device_name=d.device, cdi_device_ids=d.cdi_ids
+                )
+                for d in devices
+            )
         return out
 
     async def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Context
     ) -> v1beta1.NodeUnprepareResourcesResponse:
-        out: v1beta1.NodeUnprepareResourcesResponse = await self.h.unprepare(v1beta1, request, context)
+        out = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.h.unprepare(request.claims, context)).items():
+            out.claims[uid].error = error
         return out
 
 
@@ -120,13 +124,22 @@ class V1Servicer(v1_grpc.DRAPluginServicer):
         self.h = handler
 
     async def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: v1.NodePrepareResourcesRequest, context: Context
     ) -> v1.NodePrepareResourcesResponse:
-        out: v1.NodePrepareResourcesResponse = await self.h.prepare(v1, request, context)
+        out = v1.NodePrepareResourcesResponse()
+        for uid, (devices, error) in (await self.h.prepare(request.claims, context)).items():
+            entry = out.claims[uid]
+            entry.error = error
+            entry.devices.extend(
+                v1.Device(request_names=d.requests, pool_name=d.pool, device_name=d.device, cdi_device_ids=d.cdi_ids)
+                for d in devices
+            )
         return out
 
     async def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: v1.NodeUnprepareResourcesRequest, context: Context
     ) -> v1.NodeUnprepareResourcesResponse:
-        out: v1.NodeUnprepareResourcesResponse = await self.h.unprepare(v1, request, context)
+        out = v1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.h.unprepare(request.claims, context)).items():
+            out.claims[uid].error = error
         return out

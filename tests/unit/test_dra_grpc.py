@@ -90,8 +90,9 @@ async def test_per_claim_answers(sock: Path, pb: Any, stub: Any) -> None:
         assert list(ok.devices[0].cdi_device_ids) == [f"k8s.{DRIVER}/claim={UID}-fuse-fuse"]
         assert "not found" in resp.claims["21111111-2222-4333-8444-555555555555"].error
         assert "expected a namespace" in resp.claims["not-a-uid"].error
+        assert [p.name for p in (sock.parent / "cdi").iterdir()] == [f"k8s.{DRIVER}-claim_{UID}.json"]
         out = await stub(ch).NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=claims[:1]), timeout=10)
-        assert out.claims[UID].error == ""
+        assert out.claims[UID].error == "" and list((sock.parent / "cdi").iterdir()) == []
 
 
 async def test_a_malformed_request_is_refused_whole(sock: Path) -> None:

@@ -3,9 +3,13 @@ holds between claims and the device plugin. The claim source is a dict (pure log
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import sqlite3
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,9 @@ class FakeDevices:
         self.changes = 0
         self.resets: list[str] = []
         self.reset_fails = False
+        self.permits: asyncio.Semaphore | None = None  # when set, each reset waits for a permit
+        self.resetting = self.most_resetting = 0
+        self.reset_started = asyncio.Event()
 
     def offered(self, name: str) -> Offered | None:
         return self.offers.get(name)
@@ -80,6 +87,12 @@ class FakeDevices:
 
     async def reset(self, resource: Resource, devices: Sequence[Device]) -> None:
         self.resets += [d.id for d in devices]
+        if self.permits is not None:
+            self.resetting += 1
+            self.most_resetting = max(self.most_resetting, self.resetting)
+            self.reset_started.set()
+            await self.permits.acquire()
+            self.resetting -= 1
         await arun([sys.executable, "-c", "import sys; sys.exit(3 if sys.argv[1] == '1' else 0)",
                     "1" if self.reset_fails else "0"], timeout=10)  # fmt: skip
 
@@ -215,6 +228,56 @@ async def test_failed_reset_undoes_everything(env: Any) -> None:
     with pytest.raises(PrepareError, match="exited with status 3"):
         await p.prepare(ClaimRef("ns", "c1", UID1))
     assert p.store.all() == [] and list(env.cdi.iterdir()) == [] and p.held() == {}
+
+
+async def test_one_claim_is_never_prepared_twice_at_once(env: Any) -> None:
+    """An unprepare that ends while another call for the claim waits must not let a third one run beside it."""
+    env.devices.permits = asyncio.Semaphore(0)
+    p = env.preparer()
+    env.source.add("ns", "c1", UID1, ["ser-ttyx0"])
+    first = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
+    await env.devices.reset_started.wait()
+    undo = asyncio.create_task(p.unprepare(UID1))
+    waiting = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
+    await asyncio.sleep(0.05)
+    env.devices.permits.release()
+    await first
+    await undo
+    late = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
+    await asyncio.sleep(0.3)
+    assert env.devices.most_resetting == 1  # the waiting prepare and the late one one after the other
+    for _ in range(3):
+        env.devices.permits.release()
+    assert await waiting == await late
+    assert env.devices.resets == ["ttyX0", "ttyX0"] and p.store.get(UID1).state == "prepared"
+
+
+async def test_no_lock_is_kept_for_a_claim_that_is_done_with(env: Any) -> None:
+    p = env.preparer()
+    env.source.add("ns", "c1", UID1, ["fuse-fuse"])
+    with pytest.raises(PrepareError, match="not found"):
+        await p.prepare(ClaimRef("ns", "gone", UID2))
+    await p.prepare(ClaimRef("ns", "c1", UID1))
+    await p.unprepare(UID1)
+    assert p._locks == {}
+
+
+async def test_a_busy_claims_database_does_not_stop_the_event_loop(env: Any) -> None:
+    """While another writer holds the database, the preparation waits in a worker thread; the loop goes on."""
+    p = env.preparer()
+    env.source.add("ns", "c1", UID1, ["fuse-fuse"])
+    other = sqlite3.connect(env.db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, lambda: other.execute("COMMIT")).start()
+    task = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
+    ticks = [time.monotonic()]
+    while not task.done():
+        await asyncio.sleep(0.01)
+        ticks.append(time.monotonic())
+    other.close()
+    await task
+    assert ticks[-1] - ticks[0] >= 0.4  # it did wait for the other writer
+    assert max(b - a for a, b in itertools.pairwise(ticks)) < 0.25
 
 
 def test_hostile_refs() -> None:
