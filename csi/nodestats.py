@@ -32,7 +32,7 @@ class VolumeStats:
     problem: str | None
 
 
-def _where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
+def where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
     """The volume's stage record and whether ``path`` is one of its publish targets (else the staging path)."""
     rec = host.store.get_stage(v.volume_id)
     published = host.store.get_publish(v.volume_id, str(path)) is not None
@@ -43,7 +43,7 @@ def _where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
 
 def stats(host: NodeHost, volume_id: str, path: Path) -> VolumeStats:
     v = host.volume(volume_id)
-    _, published = _where(host, v, path)
+    _, published = where(host, v, path)
     backing = host.backing(v)
     if not backing.exists():
         return VolumeStats(None, None, f"the backing {'subvolume' if v.is_subvolume else 'file'} {backing} is missing")
@@ -82,7 +82,7 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
 
 def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
     v = host.volume(volume_id)
-    rec, _ = _where(host, v, path)
+    rec, _ = where(host, v, path)
     if v.is_subvolume:
         return max(v.capacity_bytes, required)  # the qgroup limit was raised with the volume's record
     device = loopdev.rw_device(host.backing(v))
