@@ -131,10 +131,6 @@ class NodeHost:
     def backing(self, v: Volume) -> Path:
         return self.manager.backing_path(v)
 
-    def holds(self, v: Volume, path: Path | str, table: Sequence[mounts.MountEntry] | None = None) -> bool:
-        """True when something is mounted at ``path`` (in ``table``, else the mount table now) and it is ``v``."""
-        return mounts.is_mounted(path, table) and holders.holds(v, self.backing(v), path)
-
     # ------------------------------------------------------------ stage
 
     def stage(self, spec: StageSpec) -> None:
@@ -310,7 +306,7 @@ class NodeHost:
                 raise FailedPrecondition(
                     f"volume {v.volume_id} is already published at {others[0]} and its access mode allows one target"
                 )
-        if not v.is_block and not self.holds(v, rec.staging_path, table):
+        if not v.is_block and not holders.mounted(v, self.backing(v), rec.staging_path, table):
             raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
         flags = [f for f in spec.flags if f in PER_MOUNT_FLAGS]
         with contextlib.ExitStack() as undo:
