@@ -195,13 +195,12 @@ class NodeHost:
             undo.callback(loopdev.detach, device)
         if v.is_block:
             return device
-        fs = v.fs_type or spec.fs_type or "ext4"
+        fs = v.fs_type or "ext4"  # the volume's, never the request's (an unchecked name would pick the mkfs run)
         have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
         if have is None:
             found = fs_type_of(device)
-            if not found:
-                mkfs = ["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device]
-                fileops.cmd(mkfs, FS_TIMEOUT, f"formatting {v.volume_id}")
+            if not found:  # formatted as at creation (no reserved blocks: the capacity is the user's)
+                fileops.mkfs(Path(device), fs)
             elif found != fs:
                 raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
             have = mounts.fs_size(device, fs)

@@ -360,3 +360,20 @@ async def test_restart_thaws_a_filesystem_a_crash_left_frozen() -> None:
         assert await asyncio.wait_for(proc.wait(), 10) == 0
         await d.unstage(vid)
         await d.delete(vid)
+
+
+async def test_stage_formats_a_blank_volume_as_creation_does() -> None:
+    """A volume whose file holds no filesystem at stage (its bytes wiped) is formatted with the options CreateVolume
+    uses: no blocks reserved for root, so the whole capacity is the pod's."""
+    async with running_driver() as d:
+        vid = (await d.create("pvc-blank", 64 * MiB, fs="ext4")).volume_id
+        backing = next(p for p in (d.root / "var/lib/nodeplug/csi").rglob(f"{vid}*") if p.is_file())
+        size = backing.stat().st_size
+        os.truncate(backing, 0)
+        os.truncate(backing, size)
+        staging = await d.stage(vid, fs="ext4")
+        source = sh("findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(staging)).strip()
+        info = sh("tune2fs", "-l", source)
+        assert "Reserved block count:     0" in info, info
+        await d.unstage(vid)
+        await d.delete(vid)
