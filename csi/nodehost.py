@@ -102,21 +102,6 @@ def _remove_created(target: Path) -> None:
             target.unlink()
 
 
-def _make_dirs(path: Path, undo: contextlib.ExitStack) -> None:
-    """``mkdir -p path``; each directory this call creates is removed again (when still empty) as ``undo`` unwinds."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir(mode=0o750)
-        except FileExistsError:
-            continue  # made meanwhile by someone else: theirs
-        undo.callback(_remove_created, d)
-
-
 class NodeHost:
     def __init__(self, manager: VolumeManager, ephemeral_dir: Path, log: Logger | None = None) -> None:
         self.manager = manager
@@ -173,7 +158,7 @@ class NodeHost:
             self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
         else:
             with contextlib.ExitStack() as undo:  # a failure anywhere takes back what this call did
-                _make_dirs(spec.staging, undo)
+                undo.callback(fileops.remove_dirs, fileops.make_dirs(spec.staging))
                 device = self._stage_on_host(v, spec, undo)
                 self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
                 undo.pop_all()
