@@ -135,7 +135,7 @@ class NodeHost:
 
     def stage(self, spec: StageSpec) -> None:
         v = self.volume(spec.volume_id)
-        self._check_kind(v, spec.kind, spec.fs_type)
+        self.check_kind(v, spec.kind, spec.fs_type)
         rec = self.store.get_stage(v.volume_id)
         if rec is not None and rec.staging_path != str(spec.staging):
             raise FailedPrecondition(
@@ -231,7 +231,7 @@ class NodeHost:
             entry = mounts.find_mount(path)
         raise Internal(f"{path}: still mounted after 16 unmounts")
 
-    def _check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
+    def check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
         if kind and (kind == "block") != v.is_block:
             raise FailedPrecondition(
                 f"volume {v.volume_id} is a {v.access_type} volume and cannot be used with access type {kind}"
@@ -284,7 +284,7 @@ class NodeHost:
 
     def publish(self, spec: PublishSpec) -> None:
         v = self.volume(spec.volume_id)
-        self._check_kind(v, spec.kind, spec.fs_type)
+        self.check_kind(v, spec.kind, spec.fs_type)
         rec = self.store.get_stage(v.volume_id)
         if rec is None or (spec.staging is not None and rec.staging_path != str(spec.staging)):
             raise FailedPrecondition(f"volume {v.volume_id} is not staged at {spec.staging}; call NodeStageVolume")

@@ -83,6 +83,7 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
 def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
     v = host.volume(volume_id)
     rec, _ = where(host, v, path)
+    host.check_kind(v, kind, "")  # a block capability for a filesystem volume would skip growing the filesystem
     if v.is_subvolume:
         return max(v.capacity_bytes, required)  # the qgroup limit was raised with the volume's record
     device = loopdev.rw_device(host.backing(v))
@@ -92,7 +93,7 @@ def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: i
     size = mounts.block_size(device)
     if required and size < required:
         raise OutOfRange(f"volume {v.volume_id} is {size} bytes, less than {required}; its backing file did not grow")
-    if v.is_block or kind == "block":
+    if v.is_block:
         return size
     if not holders.holds(v, host.backing(v), rec.staging_path):
         raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")

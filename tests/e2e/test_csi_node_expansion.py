@@ -76,3 +76,20 @@ async def test_node_expand_at_a_path_the_volume_is_not_at_grows_nothing() -> Non
         assert {e.volume.volume_id: e.volume.capacity_bytes for e in listed.entries}[vid] == size
         await d.unstage(vid)
         await d.delete(vid)
+
+
+async def test_node_expand_with_a_block_capability_for_a_filesystem_volume_is_refused() -> None:
+    """The capability must match the volume: a block one for a filesystem volume would report the new size with the
+    filesystem left as it was."""
+    async with running_driver() as d:
+        vid = (await d.create("pvc-node-grow-kind", 64 * MiB, fs="ext4")).volume_id
+        staging = await d.stage(vid, fs="ext4")
+        req = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=vid,
+            volume_path=str(staging),
+            capacity_range=csi_pb2.CapacityRange(required_bytes=128 * MiB),
+            volume_capability=cap(block=True),
+        )
+        await expect(d.node.NodeExpandVolume(req), grpc.StatusCode.FAILED_PRECONDITION, "access type block")
+        await d.unstage(vid)
+        await d.delete(vid)
