@@ -83,19 +83,31 @@ def _read_only(loop_dir: Path) -> bool:
     return (loop_dir / "ro").read_text().strip() == "1"
 
 
-def devices_of(backing: Path, sys_block: Path = SYS_BLOCK) -> list[tuple[str, bool]]:
-    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
-    name only ends like the file's is checked by :func:`attached_to`)."""
-    want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
+def attached(sys_block: Path = SYS_BLOCK) -> list[tuple[str, str]]:
+    """Every attached loop device as (device, backing file as sysfs names it): one pass over sysfs, for a caller
+    that asks about many backing files (pass it to :func:`devices_of`)."""
     found = []
     for d in sys_block.glob("loop*"):
         try:
-            if not _attached(f"/dev/{d.name}", _backing_name(d), want):
-                continue
-            ro = _read_only(d)
+            found.append((f"/dev/{d.name}", _backing_name(d)))
         except OSError:
             continue
-        found.append((f"/dev/{d.name}", ro))
+    return found
+
+
+def devices_of(
+    backing: Path, sys_block: Path = SYS_BLOCK, devices: list[tuple[str, str]] | None = None
+) -> list[tuple[str, bool]]:
+    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
+    name only ends like the file's is checked by :func:`attached_to`). ``devices``: :func:`attached`, already read."""
+    want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
+    found = []
+    for dev, name in devices if devices is not None else attached(sys_block):
+        try:
+            if _attached(dev, name, want):
+                found.append((dev, _read_only(sys_block / os.path.basename(dev))))
+        except OSError:
+            continue
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
@@ -118,9 +130,10 @@ def is_read_only(device: str) -> bool:
         return False
 
 
-def rw_device(backing: Path) -> str | None:
-    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing."""
-    return next((dev for dev, ro in devices_of(backing) if not ro), None)
+def rw_device(backing: Path, devices: list[tuple[str, str]] | None = None) -> str | None:
+    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing.
+    ``devices``: :func:`attached`, already read."""
+    return next((dev for dev, ro in devices_of(backing, devices=devices) if not ro), None)
 
 
 def attach_rw(backing: Path) -> str:
