@@ -131,9 +131,11 @@ async def test_restart_between_every_step() -> None:
         await d.restart()
         await d.stage(vid)
         await d.restart()
+        assert d.plugin is not None and d.plugin.missing == []  # the staged device and mount are found again
         target = await d.publish(vid)
         write(target / "f", b"kept")
         await d.restart()
+        assert d.plugin is not None and d.plugin.missing == []
         await d.publish(vid)  # a repeat after restart is still idempotent
         assert (await d.stats(vid, target)).volume_condition.abnormal is False
         await d.unpublish(vid, target)
