@@ -21,6 +21,7 @@ from pathlib import Path
 
 from grpc import aio
 
+from csi.backends import fileops
 from csi.config import Config
 from csi.plugin import csi_socket_default, registration_socket_default
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
@@ -81,21 +82,6 @@ def _cap() -> csi_pb2.VolumeCapability:
     )
 
 
-def _make_dirs(path: Path) -> list[Path]:
-    """``mkdir -p path``; return the directories this call created, deepest last."""
-    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
-    for p in missing:
-        p.mkdir(mode=0o750)
-    return missing
-
-
-def _remove_dirs(made: list[Path]) -> None:
-    """Remove directories :func:`_make_dirs` created, deepest first, only while empty (never a recursive delete)."""
-    for p in reversed(made):
-        with contextlib.suppress(OSError):
-            p.rmdir()
-
-
 async def _lifecycle(config: Config, ctx: AgentContext) -> str:
     sock = ctx.root(csi_socket_default(config.driver_name))
     if not sock.exists():
@@ -106,7 +92,7 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
     # where kubelet would stage and publish it (the driver accepts kubelet's shapes only)
     staging = kubelet / "plugins/kubernetes.io/csi" / config.driver_name / name / "globalmount"
     target = kubelet / "pods" / name / "volumes/kubernetes.io~csi" / name / "mount"
-    made = await asyncio.to_thread(lambda: _make_dirs(staging) + _make_dirs(target.parent))
+    made = await asyncio.to_thread(lambda: fileops.make_dirs(staging) + fileops.make_dirs(target.parent))
     volume_id = ""
     stage_done = publish_done = False
     async with aio.insecure_channel(f"unix://{sock}") as ch:
@@ -165,7 +151,7 @@ async def _lifecycle(config: Config, ctx: AgentContext) -> str:
                 stage_done=stage_done,
                 publish_done=publish_done,
             )
-            await asyncio.to_thread(_remove_dirs, made)
+            await asyncio.to_thread(fileops.remove_dirs, made)
     return f"created, staged, published, wrote and read back 4 KiB, tore down a {DOCTOR_BYTES >> 20} MiB volume"
 
 

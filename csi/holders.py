@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
-from csi import loopdev
+from csi import loopdev, mounts
 from csi.model import Volume
 
 
@@ -50,6 +51,11 @@ def holds(v: Volume, backing: Path, path: Path | str) -> bool:
     if v.is_block:
         return stat.S_ISBLK(st.st_mode) and _loop_over(st.st_rdev, backing) is not None
     return _loop_over(st.st_dev, backing) is not None
+
+
+def mounted(v: Volume, backing: Path, path: Path | str, table: Sequence[mounts.MountEntry] | None = None) -> bool:
+    """True when something is mounted at ``path`` (in ``table``, else the mount table now) and it is volume ``v``."""
+    return mounts.is_mounted(path, table) and holds(v, backing, path)
 
 
 def loop_device_at(v: Volume, backing: Path, path: Path | str) -> str | None:

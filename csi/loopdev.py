@@ -19,6 +19,7 @@ from csi.errors import Internal
 from nodeplug.commands import CommandError, run
 
 TIMEOUT = 30.0
+SYS_BLOCK = Path("/sys/block")
 RELEASE_WAIT = 10.0
 
 
@@ -72,20 +73,41 @@ def _attached(device: str, name: str, want: str) -> bool:
     return _backing_id(device) == (st.st_dev, st.st_ino)
 
 
-def devices_of(backing: Path, sys_block: Path = Path("/sys/block")) -> list[tuple[str, bool]]:
-    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
-    name only ends like the file's is checked by :func:`attached_to`)."""
-    want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
+def _backing_name(loop_dir: Path) -> str:
+    """The backing file sysfs names in a loop device's directory (``/sys/block/loopN``); OSError when not attached."""
+    return (loop_dir / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+
+
+def _read_only(loop_dir: Path) -> bool:
+    """Whether sysfs says the loop device in ``loop_dir`` is read-only; OSError when it is gone."""
+    return (loop_dir / "ro").read_text().strip() == "1"
+
+
+def attached(sys_block: Path = SYS_BLOCK) -> list[tuple[str, str]]:
+    """Every attached loop device as (device, backing file as sysfs names it): one pass over sysfs, for a caller
+    that asks about many backing files (pass it to :func:`devices_of`)."""
     found = []
     for d in sys_block.glob("loop*"):
         try:
-            back = (d / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
-            if not _attached(f"/dev/{d.name}", back, want):
-                continue
-            ro = (d / "ro").read_text().strip() == "1"
+            found.append((f"/dev/{d.name}", _backing_name(d)))
         except OSError:
             continue
-        found.append((f"/dev/{d.name}", ro))
+    return found
+
+
+def devices_of(
+    backing: Path, sys_block: Path = SYS_BLOCK, devices: list[tuple[str, str]] | None = None
+) -> list[tuple[str, bool]]:
+    """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
+    name only ends like the file's is checked by :func:`attached_to`). ``devices``: :func:`attached`, already read."""
+    want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
+    found = []
+    for dev, name in devices if devices is not None else attached(sys_block):
+        try:
+            if _attached(dev, name, want):
+                found.append((dev, _read_only(sys_block / os.path.basename(dev))))
+        except OSError:
+            continue
     return sorted(found, key=lambda x: (len(x[0]), x[0]))
 
 
@@ -94,7 +116,7 @@ def device_of_number(number: int, sys_dev_block: Path = Path("/sys/dev/block")) 
     an attached loop device. One sysfs lookup, whatever the number of loop devices on the host."""
     node = sys_dev_block / f"{os.major(number)}:{os.minor(number)}"
     try:
-        back = (node / "loop" / "backing_file").read_text().strip().removesuffix(" (deleted)")
+        back = _backing_name(node)
     except OSError:
         return None
     return f"/dev/{os.path.basename(os.path.realpath(node))}", back
@@ -103,14 +125,15 @@ def device_of_number(number: int, sys_dev_block: Path = Path("/sys/dev/block")) 
 def is_read_only(device: str) -> bool:
     """True when the loop device was attached read-only (``losetup -r``)."""
     try:
-        return Path(f"/sys/block/{os.path.basename(device)}/ro").read_text().strip() == "1"
+        return _read_only(SYS_BLOCK / os.path.basename(device))
     except OSError:
         return False
 
 
-def rw_device(backing: Path) -> str | None:
-    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing."""
-    return next((dev for dev, ro in devices_of(backing) if not ro), None)
+def rw_device(backing: Path, devices: list[tuple[str, str]] | None = None) -> str | None:
+    """The read-write loop device of ``backing`` (the staged one), ignoring read-only ones made for publishing.
+    ``devices``: :func:`attached`, already read."""
+    return next((dev for dev, ro in devices_of(backing, devices=devices) if not ro), None)
 
 
 def attach_rw(backing: Path) -> str:
@@ -164,8 +187,7 @@ def refresh_size(device: str) -> None:
 
 def backing_file(device: str) -> str | None:
     """The backing file of ``device`` from sysfs, or None when it is not attached."""
-    name = os.path.basename(device)
     try:
-        return Path(f"/sys/block/{name}/loop/backing_file").read_text().strip().removesuffix(" (deleted)")
+        return _backing_name(SYS_BLOCK / os.path.basename(device))
     except OSError:
         return None

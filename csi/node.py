@@ -217,9 +217,15 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         if required < 0 or limit < 0 or (limit and required > limit):
             raise InvalidArgument("capacity_range: expected 0 <= required_bytes <= limit_bytes")
         # Expansion is node-only (see CONTROLLER_CAPABILITIES): the backing file or qgroup grows here first (never
-        # shrinks; nothing to do when it already has the size), then the filesystem.
-        if required:
-            await asyncio.to_thread(self.host.manager.expand_volume, volume_id, required, limit)
+        # shrinks; nothing to do when it already has the size), then the filesystem. The path is checked first: a
+        # path the volume is not at is NOT_FOUND with nothing grown.
+
+        def grow_backing() -> None:
+            nodestats.where(self.host, self.host.volume(volume_id), path)
+            if required:
+                self.host.manager.expand_volume(volume_id, required, limit)
+
+        await asyncio.to_thread(grow_backing)
         size = await self._locked(
             volume_id, lambda: nodestats.expand(self.host, volume_id, path, kind=kind, required=required)
         )

@@ -27,7 +27,7 @@ import contextlib
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,7 +44,7 @@ DEFAULT_EPHEMERAL_BYTES = 100 << 20
 # Per-mount flags a bind remount can change; filesystem options (discard, nouuid, ...) apply at stage only.
 PER_MOUNT_FLAGS = frozenset({"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"})
 FS_TIMEOUT = 300.0
-_SIZE_RE = re.compile(r"(\d+)\s*(|k|Ki|M|Mi|G|Gi|T|Ti)")
+_SIZE_RE = re.compile(r"([0-9]{1,20})\s*(|k|Ki|M|Mi|G|Gi|T|Ti)")  # ASCII digits, few enough for int()
 _UNITS = {"": 1, "k": 10**3, "Ki": 1 << 10, "M": 10**6, "Mi": 1 << 20, "G": 10**9, "Gi": 1 << 30}
 _UNITS |= {"T": 10**12, "Ti": 1 << 40}
 
@@ -131,15 +131,11 @@ class NodeHost:
     def backing(self, v: Volume) -> Path:
         return self.manager.backing_path(v)
 
-    def holds(self, v: Volume, path: Path | str) -> bool:
-        """True when something is mounted at ``path`` and it is volume ``v``."""
-        return mounts.is_mounted(path) and holders.holds(v, self.backing(v), path)
-
     # ------------------------------------------------------------ stage
 
     def stage(self, spec: StageSpec) -> None:
         v = self.volume(spec.volume_id)
-        self._check_kind(v, spec.kind, spec.fs_type)
+        self.check_kind(v, spec.kind, spec.fs_type)
         rec = self.store.get_stage(v.volume_id)
         if rec is not None and rec.staging_path != str(spec.staging):
             raise FailedPrecondition(
@@ -161,8 +157,8 @@ class NodeHost:
             device = "" if v.is_subvolume else (loopdev.rw_device(backing) or "")
             self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
         else:
-            spec.staging.mkdir(parents=True, exist_ok=True)
             with contextlib.ExitStack() as undo:  # a failure anywhere takes back what this call did
+                undo.callback(fileops.remove_dirs, fileops.make_dirs(spec.staging))
                 device = self._stage_on_host(v, spec, undo)
                 self._record_stage(rec, StageRecord(v.volume_id, str(spec.staging), device))
                 undo.pop_all()
@@ -184,13 +180,12 @@ class NodeHost:
             undo.callback(loopdev.detach, device)
         if v.is_block:
             return device
-        fs = v.fs_type or spec.fs_type or "ext4"
+        fs = v.fs_type or "ext4"  # the volume's, never the request's (an unchecked name would pick the mkfs run)
         have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
         if have is None:
             found = fs_type_of(device)
-            if not found:
-                mkfs = ["mkfs." + fs, *(["-q"] if fs == "ext4" else []), device]
-                fileops.cmd(mkfs, FS_TIMEOUT, f"formatting {v.volume_id}")
+            if not found:  # formatted as at creation (no reserved blocks: the capacity is the user's)
+                fileops.mkfs(Path(device), fs)
             elif found != fs:
                 raise FailedPrecondition(f"volume {v.volume_id} holds {found}, not {fs}")
             have = mounts.fs_size(device, fs)
@@ -225,18 +220,18 @@ class NodeHost:
         mounts.unmount_top(spec.staging)
         return True
 
-    def _unmount_own(self, v: Volume, path: Path) -> mounts.MountEntry | None:
-        """Unmount volume ``v``'s mounts stacked at ``path``, top first, stopping at anything that is not ``v``;
-        return that (None when nothing is mounted there any more)."""
+    def _unmount_own(self, v: Volume, path: Path, entry: mounts.MountEntry | None) -> mounts.MountEntry | None:
+        """Unmount volume ``v``'s mounts stacked at ``path`` (``entry``: the one on top, just looked up), top first,
+        stopping at anything that is not ``v``; return that (None when nothing is mounted there any more)."""
         backing = self.backing(v)
         for _ in range(16):
-            entry = mounts.find_mount(path)
             if entry is None or not holders.holds(v, backing, path):
                 return entry
             mounts.unmount_top(path)
+            entry = mounts.find_mount(path)
         raise Internal(f"{path}: still mounted after 16 unmounts")
 
-    def _check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
+    def check_kind(self, v: Volume, kind: str, fs_type: str) -> None:
         if kind and (kind == "block") != v.is_block:
             raise FailedPrecondition(
                 f"volume {v.volume_id} is a {v.access_type} volume and cannot be used with access type {kind}"
@@ -256,17 +251,19 @@ class NodeHost:
         if rec is not None and rec.staging_path != str(staging):
             self.log.info("unstage of a path the volume is not staged at: nothing to do", volume_id=volume_id)
             return
-        busy = [p.target_path for p in self.store.list_publishes(volume_id) if mounts.is_mounted(p.target_path)]
+        table = mounts.mount_table()  # read once for every question below
+        published = self.store.list_publishes(volume_id)
+        busy = [p.target_path for p in published if mounts.is_mounted(p.target_path, table)]
         if busy:
             raise FailedPrecondition(f"volume {volume_id} is still published at {busy[0]}; unpublish it first")
-        for p in self.store.list_publishes(volume_id):  # stale: their targets are no longer mounted
+        for p in published:  # stale: their targets are no longer mounted
             self.store.delete_publish(volume_id, p.target_path)
         devices: list[str] = []
         if v is not None:
             left = None
             if not v.is_block:  # a block volume mounts nothing at its staging path
                 try:
-                    left = self._unmount_own(v, staging)
+                    left = self._unmount_own(v, staging, mounts.find_mount(staging, table))
                 except CommandError as e:
                     raise Internal.from_command(e, f"unmounting the staging path of {volume_id}") from e
             if left is not None:
@@ -287,27 +284,28 @@ class NodeHost:
 
     def publish(self, spec: PublishSpec) -> None:
         v = self.volume(spec.volume_id)
-        self._check_kind(v, spec.kind, spec.fs_type)
+        self.check_kind(v, spec.kind, spec.fs_type)
         rec = self.store.get_stage(v.volume_id)
         if rec is None or (spec.staging is not None and rec.staging_path != str(spec.staging)):
             raise FailedPrecondition(f"volume {v.volume_id} is not staged at {spec.staging}; call NodeStageVolume")
         target = str(spec.target)
         existing = self.store.get_publish(v.volume_id, target)
-        entry = mounts.find_mount(spec.target)
+        table = mounts.mount_table()  # read once for every question below; nothing is changed before they are asked
+        entry = mounts.find_mount(spec.target, table)
         if entry is not None:
             if not holders.holds(v, self.backing(v), spec.target):
                 raise AlreadyExists(f"target_path {target}: {entry.source} is mounted there, not volume {v.volume_id}")
-            self._check_publish_compatible(v, spec, entry)
+            self._check_publish_compatible(v, spec, entry, rec, table)
             if existing is None:
                 self.store.put_publish(PublishRecord(v.volume_id, target, spec.readonly, rec.staging_path))
             return
         if spec.single_target:
             others = [p.target_path for p in self.store.list_publishes(v.volume_id) if p.target_path != target]
-            if [o for o in others if mounts.is_mounted(o)]:
+            if [o for o in others if mounts.is_mounted(o, table)]:
                 raise FailedPrecondition(
                     f"volume {v.volume_id} is already published at {others[0]} and its access mode allows one target"
                 )
-        if not v.is_block and not self.holds(v, rec.staging_path):
+        if not v.is_block and not holders.mounted(v, self.backing(v), rec.staging_path, table):
             raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
         flags = [f for f in spec.flags if f in PER_MOUNT_FLAGS]
         with contextlib.ExitStack() as undo:
@@ -363,16 +361,23 @@ class NodeHost:
             undo.callback(loopdev.detach, device)
         mounts.bind_mount(device, spec.target, spec.readonly, flags)
 
-    def _check_publish_compatible(self, v: Volume, spec: PublishSpec, entry: mounts.MountEntry) -> None:
-        """A repeat publish at a target that already holds this volume: OK only with the same parameters."""
+    def _check_publish_compatible(
+        self,
+        v: Volume,
+        spec: PublishSpec,
+        entry: mounts.MountEntry,
+        rec: StageRecord,
+        table: Sequence[mounts.MountEntry],
+    ) -> None:
+        """A repeat publish at a target that already holds this volume (``entry``, from ``table``; ``rec`` its stage
+        record): OK only with the same parameters."""
         where = f"volume {v.volume_id} is already published at {spec.target}"
         if entry.readonly != spec.readonly:
             raise AlreadyExists(f"{where} {'read-only' if entry.readonly else 'read-write'}; unpublish it first")
         missing = [f for f in spec.flags if f in PER_MOUNT_FLAGS and f not in entry.options]
         if missing:
             raise AlreadyExists(f"{where} without mount flags {missing}")
-        rec = self.store.get_stage(v.volume_id)
-        staged = mounts.find_mount(rec.staging_path) if rec and not v.is_block else None
+        staged = None if v.is_block else mounts.find_mount(rec.staging_path, table)
         inherited = set(staged.options) if staged else set()
         extra = sorted((set(entry.options) & PER_MOUNT_FLAGS) - set(spec.flags) - inherited - {"relatime"})
         if extra:
@@ -388,12 +393,13 @@ class NodeHost:
             v = None
         entry = mounts.find_mount(target)
         left = entry
-        if v is not None and entry is not None and holders.holds(v, self.backing(v), target):
-            ro_device = holders.loop_device_at(v, self.backing(v), target)
+        if v is not None and entry is not None:
+            # a block publish's device node, when it is this volume's (not this volume: None, and nothing is unmounted)
+            ro_device = holders.loop_device_at(v, self.backing(v), target) if v.is_block else None
             if ro_device is not None and not loopdev.is_read_only(ro_device):
                 ro_device = None  # the staged device: it stays attached until unstage
             try:
-                left = self._unmount_own(v, target)
+                left = self._unmount_own(v, target, entry)
             except CommandError as e:
                 raise Internal.from_command(e, f"unmounting {target}") from e
             if ro_device is not None:

@@ -32,7 +32,7 @@ class VolumeStats:
     problem: str | None
 
 
-def _where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
+def where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
     """The volume's stage record and whether ``path`` is one of its publish targets (else the staging path)."""
     rec = host.store.get_stage(v.volume_id)
     published = host.store.get_publish(v.volume_id, str(path)) is not None
@@ -43,7 +43,7 @@ def _where(host: NodeHost, v: Volume, path: Path) -> tuple[StageRecord, bool]:
 
 def stats(host: NodeHost, volume_id: str, path: Path) -> VolumeStats:
     v = host.volume(volume_id)
-    _, published = _where(host, v, path)
+    _, published = where(host, v, path)
     backing = host.backing(v)
     if not backing.exists():
         return VolumeStats(None, None, f"the backing {'subvolume' if v.is_subvolume else 'file'} {backing} is missing")
@@ -82,7 +82,8 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
 
 def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
     v = host.volume(volume_id)
-    rec, _ = _where(host, v, path)
+    rec, _ = where(host, v, path)
+    host.check_kind(v, kind, "")  # a block capability for a filesystem volume would skip growing the filesystem
     if v.is_subvolume:
         return max(v.capacity_bytes, required)  # the qgroup limit was raised with the volume's record
     device = loopdev.rw_device(host.backing(v))
@@ -92,7 +93,7 @@ def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: i
     size = mounts.block_size(device)
     if required and size < required:
         raise OutOfRange(f"volume {v.volume_id} is {size} bytes, less than {required}; its backing file did not grow")
-    if v.is_block or kind == "block":
+    if v.is_block:
         return size
     if not holders.holds(v, host.backing(v), rec.staging_path):
         raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")

@@ -165,8 +165,10 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
     for path in manager.unrecorded():
         log.warning("reconcile: data no record names (left in place; remove it by hand if unwanted)", path=str(path))
     table = mounts.mount_table()
+    devices = loopdev.attached()  # one sysfs pass, not one per staged volume
+    stages = store.list_stages()
     missing: list[str] = []
-    for rec in store.list_stages():
+    for rec in stages:
         v = store.get_volume(rec.volume_id)
         if v is None:
             missing.append(f"stage record of unknown volume {rec.volume_id} at {rec.staging_path}")
@@ -175,7 +177,7 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
         if not backing.exists():
             missing.append(f"volume {v.volume_id}: backing {backing} is missing")
             continue
-        if not v.is_subvolume and loopdev.rw_device(backing) is None:
+        if not v.is_subvolume and loopdev.rw_device(backing, devices) is None:
             missing.append(f"volume {v.volume_id}: loop device gone; NodeStageVolume re-attaches it")
         if not v.is_block and not mounts.is_mounted(rec.staging_path, table):
             missing.append(f"volume {v.volume_id}: not mounted at {rec.staging_path}; NodeStageVolume re-mounts it")
@@ -185,7 +187,7 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
     for line in missing:
         log.warning("reconcile: host and state disagree", detail=line)
     if not missing:
-        log.info("reconcile: host and state agree", stages=len(store.list_stages()))
+        log.info("reconcile: host and state agree", stages=len(stages))
     return missing
 
 

@@ -40,11 +40,6 @@ def takes_no_parameters(parameters: Mapping[str, str], what: str) -> None:
             raise InvalidArgument(f"parameters.{key}: unknown parameter ({what} take none)")
 
 
-def _mounted_there(v: Volume, path: str) -> bool:
-    """True when volume ``v``'s filesystem is what is mounted at ``path`` (see :mod:`csi.holders`)."""
-    return mounts.is_mounted(path) and holders.holds(v, Path(v.path), path)
-
-
 class VolumeAccess(Protocol):
     """What snapshots need of the volume manager."""
 
@@ -82,7 +77,7 @@ class Snapshots:
             if v.is_block:
                 if stage.device:  # no filesystem to freeze: at least push the device's buffered writes to the file
                     fileops.flush_device(stage.device)
-            elif _mounted_there(v, stage.staging_path):  # this volume's filesystem, not whatever is mounted there
+            elif holders.mounted(v, Path(v.path), stage.staging_path):  # this volume's filesystem, not just any
                 points.append(stage.staging_path)
         with fileops.frozen(points):
             yield
@@ -96,7 +91,7 @@ class Snapshots:
         thawed = []
         for rec in self.store.list_stages():
             v = self.store.get_volume(rec.volume_id)
-            if v is None or v.is_block or v.is_subvolume or not _mounted_there(v, rec.staging_path):
+            if v is None or v.is_block or v.is_subvolume or not holders.mounted(v, Path(v.path), rec.staging_path):
                 continue
             if fileops.thaw(rec.staging_path):
                 _log.warning("thawed a filesystem left frozen", volume_id=v.volume_id, staging=rec.staging_path)

@@ -42,6 +42,26 @@ def cmd(argv: list[str], timeout: float, doing: str = "") -> str:
         raise Internal.from_command(e, doing) from e
 
 
+def make_dirs(path: Path, mode: int = 0o750) -> list[Path]:
+    """``mkdir -p path``; return the directories this call created, outermost first (one made meanwhile by someone
+    else is theirs and not listed)."""
+    made = []
+    for p in [p for p in (path, *path.parents) if not p.exists()][::-1]:
+        try:
+            p.mkdir(mode=mode)
+        except FileExistsError:
+            continue
+        made.append(p)
+    return made
+
+
+def remove_dirs(made: list[Path]) -> None:
+    """Remove directories :func:`make_dirs` created, deepest first, only while empty (never a recursive delete)."""
+    for p in reversed(made):
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
 def tmp_name(final: Path) -> Path:
     """The temporary sibling a new file or subvolume is built under before it is renamed to ``final``."""
     return final.with_name(f".tmp-{final.name}")

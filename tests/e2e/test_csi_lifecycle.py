@@ -131,9 +131,11 @@ async def test_restart_between_every_step() -> None:
         await d.restart()
         await d.stage(vid)
         await d.restart()
+        assert d.plugin is not None and d.plugin.missing == []  # the staged device and mount are found again
         target = await d.publish(vid)
         write(target / "f", b"kept")
         await d.restart()
+        assert d.plugin is not None and d.plugin.missing == []
         await d.publish(vid)  # a repeat after restart is still idempotent
         assert (await d.stats(vid, target)).volume_condition.abnormal is False
         await d.unpublish(vid, target)
@@ -358,5 +360,22 @@ async def test_restart_thaws_a_filesystem_a_crash_left_frozen() -> None:
         # a frozen filesystem would block this write forever; the timeout turns that into a failure
         proc = await asyncio.create_subprocess_exec("touch", str(staging / "after-restart"))
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+        await d.unstage(vid)
+        await d.delete(vid)
+
+
+async def test_stage_formats_a_blank_volume_as_creation_does() -> None:
+    """A volume whose file holds no filesystem at stage (its bytes wiped) is formatted with the options CreateVolume
+    uses: no blocks reserved for root, so the whole capacity is the pod's."""
+    async with running_driver() as d:
+        vid = (await d.create("pvc-blank", 64 * MiB, fs="ext4")).volume_id
+        backing = next(p for p in (d.root / "var/lib/nodeplug/csi").rglob(f"{vid}*") if p.is_file())
+        size = backing.stat().st_size
+        os.truncate(backing, 0)
+        os.truncate(backing, size)
+        staging = await d.stage(vid, fs="ext4")
+        source = sh("findmnt", "-n", "-o", "SOURCE", "--mountpoint", str(staging)).strip()
+        info = sh("tune2fs", "-l", source)
+        assert "Reserved block count:     0" in info, info
         await d.unstage(vid)
         await d.delete(vid)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 
+import grpc
 import pytest
 
 from nodeplug.api.csi.v1 import csi_pb2
 
-from support.csidriver import MiB, cap, running_driver
+from support.csidriver import MiB, cap, expect, running_driver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates loop devices and mounts")
 Cap = csi_pb2.ControllerServiceCapability.RPC
@@ -53,3 +54,42 @@ async def test_node_expand_alone_grows_backing_and_filesystem(access: str) -> No
         listed = await d.controller.ListVolumes(csi_pb2.ListVolumesRequest())
         assert {e.volume.volume_id: e.volume.capacity_bytes for e in listed.entries}[vid] >= new
         await d.take_down(vid, target)
+
+
+async def test_node_expand_at_a_path_the_volume_is_not_at_grows_nothing() -> None:
+    """The path is checked before the backing file grows: NOT_FOUND, and the file and the record keep their size."""
+    async with running_driver() as d:
+        vol = await d.create("pvc-node-grow-elsewhere", 320 * MiB, fs="ext4")
+        vid, size = vol.volume_id, vol.capacity_bytes
+        await d.stage(vid, fs="ext4")
+        elsewhere = d.target(vid)  # the shape of a target, but nothing was published there
+        req = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=vid,
+            volume_path=str(elsewhere),
+            capacity_range=csi_pb2.CapacityRange(required_bytes=640 * MiB),
+            volume_capability=cap(fs="ext4"),
+        )
+        await expect(d.node.NodeExpandVolume(req), grpc.StatusCode.NOT_FOUND, "not staged or published at")
+        backing = [p for p in (d.root / "var/lib/nodeplug/csi").rglob(f"{vid}*") if p.is_file()]
+        assert backing and backing[0].stat().st_size == size
+        listed = await d.controller.ListVolumes(csi_pb2.ListVolumesRequest())
+        assert {e.volume.volume_id: e.volume.capacity_bytes for e in listed.entries}[vid] == size
+        await d.unstage(vid)
+        await d.delete(vid)
+
+
+async def test_node_expand_with_a_block_capability_for_a_filesystem_volume_is_refused() -> None:
+    """The capability must match the volume: a block one for a filesystem volume would report the new size with the
+    filesystem left as it was."""
+    async with running_driver() as d:
+        vid = (await d.create("pvc-node-grow-kind", 64 * MiB, fs="ext4")).volume_id
+        staging = await d.stage(vid, fs="ext4")
+        req = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=vid,
+            volume_path=str(staging),
+            capacity_range=csi_pb2.CapacityRange(required_bytes=128 * MiB),
+            volume_capability=cap(block=True),
+        )
+        await expect(d.node.NodeExpandVolume(req), grpc.StatusCode.FAILED_PRECONDITION, "access type block")
+        await d.unstage(vid)
+        await d.delete(vid)

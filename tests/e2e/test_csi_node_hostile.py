@@ -200,6 +200,13 @@ async def test_a_stage_whose_mount_fails_undoes_itself(csi_driver: Driver) -> No
     details = await expect(d.stage(vid, flags=("noatime", "nosuchoption")), INVALID, "mount_flags")
     assert "nosuchoption" in details
     assert d.loops_under_root() == [] and d.mounts_under_root() == []
+    # a staging path whose directories do not exist yet: the driver makes them, and takes them back on failure
+    before = sorted(d.kubelet.rglob("*"))
+    fresh = d.kubelet / "plugins" / "kubernetes.io" / "csi" / "pv" / f"new-{vid}"
+    request = stage_req(vid, fresh / "globalmount", capability=cap(flags=("nosuchoption",)))
+    await expect(d.node.NodeStageVolume(request), INVALID, "nosuchoption")
+    assert sorted(d.kubelet.rglob("*")) == before
+    assert d.loops_under_root() == [] and d.mounts_under_root() == []
     await d.delete(vid)
     assert deleted_backing_files() == []  # no loop device keeps the deleted file's space
 

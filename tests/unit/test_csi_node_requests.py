@@ -139,10 +139,12 @@ def test_an_accepted_id_is_a_safe_file_name(value: str) -> None:
 @example("64Mi")
 @example(" 1 Gi ")
 @example("99999999999999999999Ti")
+@example("1" * 5000)  # more digits than int() converts
+@example("\u0661Mi")  # a digit, but not an ASCII one
 def test_a_size_is_a_number_of_bytes_or_refused(text: str) -> None:
     try:
         n = parse_size(text)
     except InvalidArgument as e:
         assert "volume_context.size" in str(e)
         return
-    assert isinstance(n, int) and n >= 0
+    assert isinstance(n, int) and n >= 0 and text.isascii()
