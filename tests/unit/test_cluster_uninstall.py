@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -190,12 +191,9 @@ def test_an_agent_that_does_not_stand_down_fails_the_uninstall_naming_the_reques
 # ---------------------------------------------------------------- the agent's side, before any kernel work
 
 
-def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
-    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
-    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
-    from cni.cluster.network import ClusterNetwork
+def _api_away(tmp_path: Path) -> Any:
+    """A client of an API server that answers every request with 503 (the agent then never touches the kernel)."""
     from nodeplug.kube import KubeClient, resolve
-    from nodeplug.log import get_logger
 
     kc = tmp_path / "kubeconfig"
     kc.write_text(
@@ -206,9 +204,17 @@ def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_ap
     src = resolve(kc, env={})
     assert src is not None
     away = httpx2.MockTransport(lambda request: httpx2.Response(503, json={"kind": "Status", "code": 503}))
+    return KubeClient(src, transport=away)
+
+
+def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
+    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
+    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.log import get_logger
 
     async def run() -> tuple[float, uninstall.Record | None, tuple[bool, str]]:
-        kube = KubeClient(src, transport=away)
+        kube = _api_away(tmp_path)
         net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
                              lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
         await net.start()
@@ -229,3 +235,49 @@ def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_ap
     assert cpu < 0.3, f"{cpu:.2f} s of CPU in 1 s of waiting for the API server"
     assert not ready and "waiting for node node-a's podCIDRs" in detail
     assert uninstall.Lock(tmp_path / "lock").try_acquire()  # released on stop
+
+
+def test_the_agent_looks_at_the_marker_and_takes_the_lock_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's file I/O (the marker every 0.2 s, the lock, the record written into it) runs on the netlink
+    thread: on the event loop it would stall the agent's gRPC servers whenever the runtime directory is slow."""
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.log import get_logger
+
+    seen: dict[str, set[int]] = {"requested": set(), "try_acquire": set(), "write": set()}
+    real = (uninstall.requested, uninstall.Lock.try_acquire, uninstall.Lock.write)
+
+    def requested(marker: Path) -> bool:
+        seen["requested"].add(threading.get_ident())
+        return real[0](marker)
+
+    def try_acquire(self: uninstall.Lock) -> bool:
+        seen["try_acquire"].add(threading.get_ident())
+        return real[1](self)
+
+    def write(self: uninstall.Lock, record: uninstall.Record) -> None:
+        seen["write"].add(threading.get_ident())
+        real[2](self, record)
+
+    monkeypatch.setattr(uninstall, "requested", requested)
+    monkeypatch.setattr(uninstall.Lock, "try_acquire", try_acquire)
+    monkeypatch.setattr(uninstall.Lock, "write", write)
+
+    async def run() -> int:
+        kube = _api_away(tmp_path)
+        net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
+                             lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+        await net.start()
+        try:
+            await asyncio.sleep(0.5)
+            assert net.role == "managing"
+        finally:
+            await net.stop()
+            await kube.close()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(run())
+    for what, threads in seen.items():
+        assert threads, f"{what} was never called"
+        assert loop_thread not in threads, f"{what} ran on the event loop"
