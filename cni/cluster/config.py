@@ -10,7 +10,8 @@
           vni: 4096
           port: 4789
           underlay: ""           # interface of the node's InternalIP when empty
-        cluster_cidrs: []        # traffic to these keeps its source; empty: every Node's podCIDRs
+        cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are routed;
+                                 # empty: every Node's podCIDRs
         masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
         route_protocol: 110      # routes the agent owns carry this protocol number
         resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)

@@ -122,6 +122,7 @@ class ClusterNetwork:
         self.metrics = metrics or Metrics(None)
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
+        self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
 
     # ------------------------------------------------------------ lifecycle
@@ -326,9 +327,9 @@ class ClusterNetwork:
         else:
             vx_index = kernel.vxlan_index(nl)
             out.problems.append(f"node {self.node} has no InternalIP on this host: no VXLAN endpoint")
-        exclude = list(pod_cidrs) + [c for n in nodes.values() for c in n.pod_cidrs]
-        connected = kernel.connected(nl, exclude, [vx_index] if vx_index is not None else [])
-        want = desired(Local(self.node, pod_cidrs, tuple(connected), out.vtep), nodes.values(), self.cfg.mode)
+        connected = kernel.connected(nl, pod_cidrs, [vx_index] if vx_index is not None else [])
+        local = Local(self.node, pod_cidrs, tuple(connected), out.vtep, self._cluster)
+        want = desired(local, nodes.values(), self.cfg.mode)
         if full:
             owned = kernel.read_owned(nl, self.cfg.route_protocol, vx_index)
             self.have = owned.state
@@ -365,8 +366,8 @@ class ClusterNetwork:
                 masq.remove()
                 self._masq = ()
             return
-        if self.cfg.cluster_cidrs:
-            cluster: list[IPNetwork] = [ipaddress.ip_network(c) for c in self.cfg.cluster_cidrs]
+        if self._cluster:
+            cluster: list[IPNetwork] = list(self._cluster)
         else:
             cluster = [c for n in nodes.values() for c in n.pod_cidrs]
         merged: list[IPNetwork] = [

@@ -14,7 +14,8 @@ For each other node (a *peer*) and each address family of its podCIDRs, the mode
 A peer that cannot be routed the way the mode says (no InternalIP on a connected subnet in direct mode; no VTEP
 annotation yet, or a VTEP of the other underlay family, in vxlan mode) gets no route and an entry in
 :attr:`Desired.unrouted` naming the reason. Conflicts from hostile or broken Node objects (a podCIDR overlapping
-this node's or an earlier peer's, a VTEP MAC another peer already uses) are settled by name order and reported the
+this node's or an earlier peer's or a subnet this node is connected to, or outside the configured cluster CIDRs, a
+VTEP MAC another peer already uses) are settled by name order and reported the
 same way, so the outcome never depends on the order of events.
 
 :func:`changes` compares a :class:`State` the kernel has (only entries the agent owns: routes of its protocol,
@@ -44,8 +45,9 @@ class Local(NamedTuple):
 
     name: str
     pod_cidrs: tuple[IPNetwork, ...] = ()
-    connected: tuple[IPNetwork, ...] = ()  # underlay subnets this node is on (pod subnets excluded)
+    connected: tuple[IPNetwork, ...] = ()  # underlay subnets this node is on (its own pod subnets excluded)
     vtep: Vtep | None = None  # this node's VXLAN endpoint, None when the mode uses none (direct)
+    cluster: tuple[IPNetwork, ...] = ()  # cni.cluster.cluster_cidrs: when set, every routed podCIDR lies in one
 
 
 class State(NamedTuple):
@@ -125,6 +127,17 @@ def _vxlan_peer(local: Local, peer: NodeInfo) -> tuple[Vtep | None, str]:
     return peer.vtep, ""
 
 
+def _outside_pod_space(local: Local, cidr: IPNetwork) -> str:
+    """Why a peer's podCIDR must not be routed at all (it would take traffic away from the underlay, or from
+    outside the configured cluster CIDRs); empty when it may."""
+    underlay = next((n for n in local.connected if n.version == cidr.version and n.overlaps(cidr)), None)
+    if underlay is not None:
+        return f"podCIDR {cidr} overlaps {underlay}, a subnet this node is connected to"
+    if local.cluster and not any(c.version == cidr.version and cidr.subnet_of(c) for c in local.cluster):  # type: ignore[arg-type]
+        return f"podCIDR {cidr} is outside cni.cluster.cluster_cidrs"
+    return ""
+
+
 def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
     """The state the kernel should have for ``nodes`` (this node among them or not)."""
     state = State.empty()
@@ -147,6 +160,10 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
             clash = claimed.owner_overlapping(cidr)
             if clash is not None:
                 unrouted[key] = f"podCIDR {cidr} overlaps node {clash}'s"
+                continue
+            refused = _outside_pod_space(local, cidr)
+            if refused:
+                unrouted[key] = refused
                 continue
             gw, direct_why = (None, "mode is vxlan") if mode == "vxlan" else _direct_gateway(local, peer, cidr.version)
             if gw is not None:

@@ -245,3 +245,47 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
     assert uninstall.requested(root(uninstall.MARKER)) and not root(uninstall.LOCK).exists()
     # in another netns (here: the test's own), the same root's uninstall leaves the kernel alone
     assert cninetwork.on_this_node(root) is False  # no record left: a temporary root is nobody's node
+
+
+# ---------------------------------------------------------------- a pass of the agent, with a hostile Node
+
+
+def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_routed(node: str, tmp_path: Path) -> None:
+    """A Node whose podCIDR lies in a subnet this node is on (192.168.50.128/25 here) must neither get a route
+    (it would take half the segment's traffic) nor take the segment out of the subnets peers are reached on
+    directly (which once left every direct peer unrouted)."""
+    import asyncio
+
+    from cni.cluster.config import ClusterConfig
+    from cni.cluster.model import NodeInfo
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.kube import KubeClient, resolve
+    from nodeplug.log import get_logger
+
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443"}}]\n'
+        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    src = resolve(kc, env={})
+    assert src is not None
+    kube = KubeClient(src)
+    cfg = ClusterConfig(mode="direct", masquerade=False)
+    agent = ClusterNetwork(cfg, kube, "n1", tmp_path / "subnets.json", get_logger("cni"),
+                           lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+    nodes = {
+        "n1": NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        "n2": NodeInfo("n2", (net("10.244.2.0/24"),), (ip("192.168.50.2"),)),
+        "n3": NodeInfo("n3", (net("192.168.50.128/25"),), (ip("192.168.50.3"),)),
+    }
+    try:
+        outcome = inside(node, lambda nl: agent._pass(nodes, True))
+    finally:
+        if agent._nl is not None:
+            agent._nl.close()
+        asyncio.run(kube.close())
+    assert outcome.paths == {("n2", 4): "direct"}
+    assert "192.168.50.0/24, a subnet this node is connected to" in outcome.unrouted[("n3", 4)]
+    routes = sh("ip", "-n", node, "route", "show", "proto", str(PROTO))
+    assert "10.244.2.0/24 via 192.168.50.2" in routes and "192.168.50.128" not in routes
