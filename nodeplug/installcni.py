@@ -277,7 +277,7 @@ def _remove_leftovers(layout: Layout) -> None:
     """Temp files and directories of an install that crashed (only names this module makes)."""
     for stale in layout.bundles.glob(".tmp-*") if layout.bundles.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    patterns = [(f".{n}.tmp-*", layout.bin_dir) for n in (LINK_NAME, *refplugins.PLUGINS)]
+    patterns = [(f".{LINK_NAME}.tmp-*", layout.bin_dir), *((f".{n}.*.tmp", layout.bin_dir) for n in refplugins.PLUGINS)]
     for pattern, d in [*patterns, (f".{layout.conflist_name}.tmp-*", layout.conf_dir)]:
         for stale in d.glob(pattern) if d.is_dir() else ():
             with contextlib.suppress(FileNotFoundError):
