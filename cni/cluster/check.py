@@ -53,8 +53,8 @@ def _compare(cfg: ClusterConfig, node: str, nodes: list[NodeInfo]) -> tuple[list
     finally:
         nl.close()
     problems = [f"{peer} IPv{v}: not routed ({why})" for (peer, v), why in sorted(want.unrouted.items())]
-    owner = {r.dst: peer for (peer, v), _ in want.paths.items() for r in want.state.routes.values()
-             if (n := next((x for x in nodes if x.name == peer), None)) and r.dst in n.pod_cidrs}  # fmt: skip
+    by_name = {n.name: n for n in nodes}
+    owner = {c: peer for peer, v in want.paths if (c := by_name[peer].pod_cidr(v)) is not None}
     for dst, r in sorted(want.state.routes.items(), key=lambda kv: str(kv[0])):
         got = have.routes.get(dst)
         if got != r:

@@ -289,3 +289,22 @@ def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_rou
     assert "192.168.50.0/24, a subnet this node is connected to" in outcome.unrouted[("n3", 4)]
     routes = sh("ip", "-n", node, "route", "show", "proto", str(PROTO))
     assert "10.244.2.0/24 via 192.168.50.2" in routes and "192.168.50.128" not in routes
+
+
+def test_the_doctor_names_the_node_whose_route_is_missing(node: str) -> None:
+    """b's IPv4 podCIDR is a's (so b gets no IPv4 route) while b's IPv6 one is routed: a missing route to the shared
+    IPv4 network is a's. The check once took the owner from every node with a path, whatever its family."""
+    from cni.cluster.check import _compare
+    from cni.cluster.config import ClusterConfig
+    from cni.cluster.model import NodeInfo
+
+    nodes = [
+        NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        NodeInfo("a", (net("10.244.7.0/24"), net("fd44:0:0:7::/64")), (ip("192.168.50.7"), ip("fd50::7"))),
+        NodeInfo("b", (net("10.244.7.0/24"), net("fd44:0:0:8::/64")), (ip("192.168.50.8"), ip("fd50::8"))),
+    ]
+    problems, counts = inside(node, lambda nl: _compare(ClusterConfig(mode="direct"), "n1", nodes))
+    assert counts == {"direct": 3, "vxlan": 0}
+    assert "a: route to 10.244.7.0/24 missing, want via 192.168.50.7" in problems
+    assert "b: route to fd44:0:0:8::/64 missing, want via fd50::8" in problems
+    assert any(p.startswith("b IPv4: not routed (podCIDR 10.244.7.0/24 overlaps node a's)") for p in problems)
