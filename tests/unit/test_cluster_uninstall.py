@@ -83,6 +83,7 @@ def test_a_lock_file_removed_by_its_holder_is_not_taken_by_a_waiter_that_opened_
      json.dumps({**json.loads(RECORD.dumps()), "routeProtocol": 300}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "routeProtocol": True}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "subnetsFile": "relative/path"}).encode(),
+     json.dumps({**json.loads(RECORD.dumps()), "subnetsFile": "/srv/root/../../etc/x.json"}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "pid": -1}).encode()],
 )  # fmt: skip
 def test_a_record_that_is_not_one_reads_as_none(data: bytes) -> None:
@@ -99,7 +100,7 @@ fields = {
     "node": scalars | st.just("node-a"),
     "netns": scalars | st.just("4:4026531840"),
     "routeProtocol": scalars | st.integers(0, 300),
-    "subnetsFile": scalars | st.sampled_from(["/var/lib/x.json", "x.json", "/a\x00b"]),
+    "subnetsFile": scalars | st.sampled_from(["/var/lib/x.json", "x.json", "/a\x00b", "/r/../../etc/x.json"]),
     "pid": scalars | st.integers(-2, 1 << 40),
 }
 
@@ -116,6 +117,7 @@ def test_a_record_from_hostile_json_has_checked_fields(doc: dict[str, object]) -
     if got is not None:
         assert 5 <= got.route_protocol <= 254 and got.subnets_file.startswith("/") and got.pid >= 0
         assert isinstance(got.node, str) and isinstance(got.netns, str) and "\x00" not in got.subnets_file
+        assert ".." not in got.subnets_file.split("/")  # the uninstall deletes it: never outside the root it names
 
 
 def test_the_marker_is_requested_once_and_cleared(tmp_path: Path) -> None:
