@@ -308,3 +308,17 @@ def test_the_doctor_names_the_node_whose_route_is_missing(node: str) -> None:
     assert "a: route to 10.244.7.0/24 missing, want via 192.168.50.7" in problems
     assert "b: route to fd44:0:0:8::/64 missing, want via fd50::8" in problems
     assert any(p.startswith("b IPv4: not routed (podCIDR 10.244.7.0/24 overlaps node a's)") for p in problems)
+
+
+def test_a_link_named_like_the_vxlan_device_that_is_not_one_is_left_alone(node: str) -> None:
+    sh("ip", "-n", node, "link", "add", kernel.VXLAN_DEVICE, "type", "bridge")
+
+    def work(nl: Rtnl) -> tuple[str, bool]:
+        with pytest.raises(kernel.KernelError) as e:
+            kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
+        return str(e.value), kernel.remove_vxlan(nl)
+
+    error, removed = inside(node, work)
+    assert "is a bridge device, not nodeplug's" in error and removed is False
+    details = json.loads(sh("ip", "-d", "-j", "-n", node, "link", "show", kernel.VXLAN_DEVICE))[0]
+    assert details["linkinfo"]["info_kind"] == "bridge"
