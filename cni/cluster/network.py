@@ -32,7 +32,7 @@ import contextlib
 import ipaddress
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -349,7 +349,7 @@ class ClusterNetwork:
         out.paths, out.unrouted = want.paths, want.unrouted
         if own is not None:
             self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in pod_cidrs), out.mtu))
-        self._masquerade(pod_cidrs, nodes, out)
+        self._masquerade(pod_cidrs, nodes, want.refused, out)
         return out
 
     def _write_subnets(self, want: NodeSubnets) -> None:
@@ -360,7 +360,9 @@ class ClusterNetwork:
         self._subnets = want
         self.log.info("pod subnets of this node", pod_cidrs=",".join(want.pod_cidrs) or "none", mtu=want.mtu)
 
-    def _masquerade(self, pod_cidrs: tuple[IPNetwork, ...], nodes: dict[str, NodeInfo], out: Outcome) -> None:
+    def _masquerade(
+        self, pod_cidrs: tuple[IPNetwork, ...], nodes: dict[str, NodeInfo], refused: Set[tuple[str, int]], out: Outcome
+    ) -> None:
         if not self.cfg.masquerade:
             if self._masq != ():
                 masq.remove()
@@ -369,7 +371,7 @@ class ClusterNetwork:
         if self._cluster:
             cluster: list[IPNetwork] = list(self._cluster)
         else:
-            cluster = [c for n in nodes.values() for c in n.pod_cidrs]
+            cluster = [c for n in nodes.values() for c in n.pod_cidrs if (n.name, c.version) not in refused]
         merged: list[IPNetwork] = [
             *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv4Network)),
             *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv6Network)),

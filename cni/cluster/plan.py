@@ -66,6 +66,7 @@ class Desired(NamedTuple):
     state: State
     paths: dict[tuple[str, int], str]  # (peer, IP version) -> "direct" | "vxlan"
     unrouted: dict[tuple[str, int], str]  # (peer, IP version) -> why it has no route
+    refused: frozenset[tuple[str, int]] = frozenset()  # (peer, IP version) whose podCIDR is no pod network: a conflict
 
 
 class Changes(NamedTuple):
@@ -143,6 +144,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
     state = State.empty()
     paths: dict[tuple[str, int], str] = {}
     unrouted: dict[tuple[str, int], str] = {}
+    refused: set[tuple[str, int]] = set()
     claimed = _Claims()
     for c in local.pod_cidrs:
         if claimed.owner_overlapping(c) is None:
@@ -158,12 +160,10 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
         for cidr in peer.pod_cidrs:
             key = (peer.name, cidr.version)
             clash = claimed.owner_overlapping(cidr)
-            if clash is not None:
-                unrouted[key] = f"podCIDR {cidr} overlaps node {clash}'s"
-                continue
-            refused = _outside_pod_space(local, cidr)
-            if refused:
-                unrouted[key] = refused
+            why = f"podCIDR {cidr} overlaps node {clash}'s" if clash is not None else _outside_pod_space(local, cidr)
+            if why:
+                unrouted[key] = why
+                refused.add(key)
                 continue
             gw, direct_why = (None, "mode is vxlan") if mode == "vxlan" else _direct_gateway(local, peer, cidr.version)
             if gw is not None:
@@ -181,7 +181,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
                 )  # fmt: skip
                 continue
             claimed.add(cidr, peer.name)
-    return Desired(state, paths, unrouted)
+    return Desired(state, paths, unrouted, frozenset(refused))
 
 
 def changes(want: State, have: State) -> Changes:

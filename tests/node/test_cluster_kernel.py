@@ -322,3 +322,43 @@ def test_a_link_named_like_the_vxlan_device_that_is_not_one_is_left_alone(node: 
     assert "is a bridge device, not nodeplug's" in error and removed is False
     details = json.loads(sh("ip", "-d", "-j", "-n", node, "link", "show", kernel.VXLAN_DEVICE))[0]
     assert details["linkinfo"]["info_kind"] == "bridge"
+
+
+def test_masquerade_keeps_the_source_only_towards_podcidrs_in_no_conflict(node: str, tmp_path: Path) -> None:
+    """Without configured cluster CIDRs, traffic to every Node's podCIDR keeps its pod source address, except to a
+    podCIDR that is refused (here one claiming half the underlay): pod traffic to those hosts is masqueraded as
+    before. A podCIDR shared with a node that keeps it stays in the set."""
+    import asyncio
+
+    from cni.cluster.config import ClusterConfig
+    from cni.cluster.model import NodeInfo
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.kube import KubeClient, resolve
+    from nodeplug.log import get_logger
+
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443"}}]\n'
+        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    src = resolve(kc, env={})
+    assert src is not None
+    kube = KubeClient(src)
+    agent = ClusterNetwork(ClusterConfig(mode="direct"), kube, "n1", tmp_path / "subnets.json", get_logger("cni"),
+                           lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+    nodes = {
+        "n1": NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        "a": NodeInfo("a", (net("10.244.7.0/24"),), (ip("192.168.50.7"),)),
+        "b": NodeInfo("b", (net("10.244.7.0/24"),), (ip("192.168.50.8"),)),
+        "h": NodeInfo("h", (net("192.168.50.128/25"),), (ip("192.168.50.3"),)),
+    }
+    try:
+        outcome = inside(node, lambda nl: agent._pass(nodes, True))
+    finally:
+        if agent._nl is not None:
+            agent._nl.close()
+        asyncio.run(kube.close())
+    assert outcome.problems == [] and outcome.paths == {("a", 4): "direct"}
+    table = sh("ip", "netns", "exec", node, "nft", "list", "table", "inet", masq.TABLE)
+    assert "10.244.1.0/24" in table and "10.244.7.0/24" in table and "192.168.50.128" not in table, table
