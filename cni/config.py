@@ -11,13 +11,13 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from cni.cluster.config import ClusterConfig
-from nodeplug.configbase import Section
+from nodeplug.configbase import AbsPath, Section
 from nodeplug.paths import CNI_SOCKET
 
 
 class Config(Section):
     # Where the agent serves thick mode (placed under the agent's --root); network configs name it in "socket".
-    socket: str = CNI_SOCKET
+    socket: AbsPath = CNI_SOCKET
     # CNI commands run at once (each in a worker thread); more requests queue. Same-container requests are serialised.
     workers: int = Field(default=8, ge=1, le=128)
     # Largest request (environment + network config with prevResult) accepted, in bytes.
@@ -29,13 +29,6 @@ class Config(Section):
     doctor_subnet: str = "10.255.254.0/29"
     # The cluster pod network (routes to the other nodes' podCIDRs); active when the agent follows a Kubernetes API.
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-
-    @field_validator("socket")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("expected an absolute path")
-        return v
 
     @field_validator("doctor_subnet")
     @classmethod

@@ -23,14 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cni.cluster import subnets as _subnets  # standard library only
 from nodeplug import commands
 from nodeplug.paths import Root
 
 MASQ_TABLE = ("inet", "nodeplug")
 TIMEOUT = 10.0
 AGENT_TIMEOUT = 30.0  # for the running agent to finish its pass and remove the cluster network (milliseconds, usually)
-DEFAULT_PROTOCOL = 110
-DEFAULT_SUBNETS = "/var/lib/nodeplug/cluster/subnets.json"
+DEFAULT_SUBNETS = _subnets.DEFAULT_PATH
+DEFAULT_PROTOCOL = 110  # cni.cluster.route_protocol's default (its config model is not imported here: pydantic)
 
 
 class NetworkError(Exception):

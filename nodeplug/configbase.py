@@ -6,15 +6,27 @@ line per problem: ``<field path>: <what was expected>, got <value>``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
 
     enabled: bool = True
+
+
+def absolute_path(v: str) -> str:
+    """A path a section names for the agent (root) to write or serve: absolute, without '..' or NUL."""
+    if not v.startswith("/"):
+        raise ValueError("expected an absolute path")
+    if "\x00" in v or any(part == ".." for part in v.split("/")):
+        raise ValueError("expected a path without '..' or NUL")
+    return v
+
+
+AbsPath = Annotated[str, AfterValidator(absolute_path)]
 
 
 def field_path(loc: tuple[int | str, ...], prefix: str = "") -> str:

@@ -64,7 +64,7 @@ DEFAULT_CONFLIST = "10-nodeplug.conflist"
 DEFAULT_NETWORK = "nodeplug"
 DEFAULT_BRIDGE = "nodeplug0"
 DEFAULT_SUBNET = "10.222.0.0/16"
-DEFAULT_NODE_SUBNETS = "/var/lib/nodeplug/cluster/subnets.json"
+DEFAULT_NODE_SUBNETS = cninetwork.DEFAULT_SUBNETS
 DEFAULT_CNI_VERSION = "1.0.0"
 CNI_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 SMOKE_TIMEOUT = 20.0
@@ -277,7 +277,7 @@ def _remove_leftovers(layout: Layout) -> None:
     """Temp files and directories of an install that crashed (only names this module makes)."""
     for stale in layout.bundles.glob(".tmp-*") if layout.bundles.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    patterns = [(f".{n}.tmp-*", layout.bin_dir) for n in (LINK_NAME, *refplugins.PLUGINS)]
+    patterns = [(f".{LINK_NAME}.tmp-*", layout.bin_dir), *((f".{n}.*.tmp", layout.bin_dir) for n in refplugins.PLUGINS)]
     for pattern, d in [*patterns, (f".{layout.conflist_name}.tmp-*", layout.conf_dir)]:
         for stale in d.glob(pattern) if d.is_dir() else ():
             with contextlib.suppress(FileNotFoundError):

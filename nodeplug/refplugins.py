@@ -2,10 +2,10 @@
 
 Container runtimes exec ``loopback`` for every pod sandbox (containerd's CRI fails the sandbox without it, whatever
 the main plugin did) and a conflist may chain ``portmap`` for hostPorts. The image carries Debian's
-containernetworking-plugins in ``/usr/lib/cni``; each missing plugin is copied into the bin dir atomically (a temp
-name, synced, renamed) and its hash recorded in ``.nodeplug-reference-plugins.json`` beside them. A copy is replaced or
-removed only while it is still byte for byte the one recorded: a host's own ``loopback`` or ``portmap`` (present
-before, or put there later) is never overwritten or deleted.
+containernetworking-plugins in ``/usr/lib/cni``; each missing plugin is copied into the bin dir atomically
+(:func:`nodeplug.fsutil.write_atomic`) and its hash recorded in ``.nodeplug-reference-plugins.json`` beside them. A
+copy is replaced or removed only while it is still byte for byte the one recorded: a host's own ``loopback`` or
+``portmap`` (present before, or put there later) is never overwritten or deleted.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from nodeplug.fsutil import fsync_dir, write_atomic
+from nodeplug.fsutil import write_atomic
 
 PLUGINS = ("loopback", "portmap")
 SOURCE = "/usr/lib/cni"
@@ -65,28 +63,18 @@ def install(src: Path, bin_dir: Path, record_path: Path, say: Callable[[str], No
             say(f"left {dest} in place: the host's own")
             record.pop(name, None)
             continue
-        want = _sha256(source)
+        data = source.read_bytes()  # a few MiB: hashed and copied from one read
+        want = hashlib.sha256(data).hexdigest()
         if ours and record.get(name) == want:
             say(f"unchanged {dest}")
             continue
-        tmp = bin_dir / f".{name}.tmp-{os.getpid()}"
-        try:
-            with open(source, "rb") as fi, open(tmp, "wb") as fo:
-                shutil.copyfileobj(fi, fo, 1 << 20)
-                fo.flush()
-                os.fsync(fo.fileno())
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        write_atomic(dest, data, 0o755)
         record[name] = want
         say(f"installed {dest} (from {source})")
         changed = True
     if record != before:
         record_path.parent.mkdir(mode=0o755, exist_ok=True)
         write_atomic(record_path, (json.dumps(record, sort_keys=True) + "\n").encode())
-        fsync_dir(bin_dir)
     return changed
 
 

@@ -9,6 +9,7 @@ A missing or wrong route, FDB or neighbour entry, or a peer the mode cannot rout
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from typing import Any
 
 from cni.cluster import kernel
@@ -45,15 +46,15 @@ def _compare(cfg: ClusterConfig, node: str, nodes: list[NodeInfo]) -> tuple[list
         if vx is not None and own.internal_ips:
             mac = next(str(m.get("IFLA_ADDRESS")) for m in links(nl) if int(m["index"]) == vx)
             vtep = Vtep(mac, own.internal_ips[0])
-        exclude = [c for n in nodes for c in n.pod_cidrs]
-        connected = kernel.connected(nl, exclude, [vx] if vx is not None else [])
-        want = desired(Local(node, own.pod_cidrs, tuple(connected), vtep), nodes, cfg.mode)
+        connected = kernel.connected(nl, own.pod_cidrs, [vx] if vx is not None else [])
+        cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
+        want = desired(Local(node, own.pod_cidrs, tuple(connected), vtep, cluster), nodes, cfg.mode)
         have = kernel.read_owned(nl, cfg.route_protocol, vx).state
     finally:
         nl.close()
     problems = [f"{peer} IPv{v}: not routed ({why})" for (peer, v), why in sorted(want.unrouted.items())]
-    owner = {r.dst: peer for (peer, v), _ in want.paths.items() for r in want.state.routes.values()
-             if (n := next((x for x in nodes if x.name == peer), None)) and r.dst in n.pod_cidrs}  # fmt: skip
+    by_name = {n.name: n for n in nodes}
+    owner = {c: peer for peer, v in want.paths if (c := by_name[peer].pod_cidr(v)) is not None}
     for dst, r in sorted(want.state.routes.items(), key=lambda kv: str(kv[0])):
         got = have.routes.get(dst)
         if got != r:

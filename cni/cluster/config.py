@@ -10,7 +10,8 @@
           vni: 4096
           port: 4789
           underlay: ""           # interface of the node's InternalIP when empty
-        cluster_cidrs: []        # traffic to these keeps its source; empty: every Node's podCIDRs
+        cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are routed;
+                                 # empty: every Node's podCIDRs
         masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
         route_protocol: 110      # routes the agent owns carry this protocol number
         resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
@@ -27,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cni.cluster.subnets import DEFAULT_PATH
+from nodeplug.configbase import AbsPath
 
 
 class VxlanConfig(BaseModel):
@@ -47,7 +49,7 @@ class ClusterConfig(BaseModel):
     masquerade: bool = True
     route_protocol: int = Field(default=110, ge=5, le=254)  # 0-4 are the kernel's own (4: static, `ip route add`)
     resync_seconds: float = Field(default=60.0, ge=1, le=3600)
-    subnets_file: str = DEFAULT_PATH
+    subnets_file: AbsPath = DEFAULT_PATH
 
     @field_validator("cluster_cidrs")
     @classmethod
@@ -59,10 +61,3 @@ class ClusterConfig(BaseModel):
             except ValueError:
                 raise ValueError(f"expected networks like 10.244.0.0/16 or fd44::/48, got {text!r}") from None
         return tuple(out)
-
-    @field_validator("subnets_file")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("expected an absolute path")
-        return v

@@ -169,6 +169,8 @@ def ensure_vxlan(
     mtu = underlay.mtu - VXLAN_OVERHEAD[local.version]
     msg = get_link(nl, name)
     created = False
+    if msg is not None and link_kind(msg) != "vxlan":
+        raise KernelError(f"{name} exists and is a {link_kind(msg) or 'non-VXLAN'} device, not nodeplug's: left alone")
     if msg is not None and not _matches(msg, vni, port, local, underlay.ifindex):
         try:
             delete_link(nl, name)
@@ -207,7 +209,10 @@ def ensure_vxlan(
 
 
 def remove_vxlan(nl: Rtnl, name: str = VXLAN_DEVICE) -> bool:
-    """Delete the device (and with it every FDB and neighbour entry on it); False when there was none."""
+    """Delete the device (and with it every FDB and neighbour entry on it); False when there was none (or a link of
+    that name is not a VXLAN device: not nodeplug's, left alone)."""
+    if vxlan_index(nl, name) is None:
+        return False
     try:
         delete_link(nl, name)
     except NetlinkError as e:

@@ -1,7 +1,7 @@
 """Masquerading for the cluster network: pod traffic leaving the cluster CIDRs gets the node's address.
 
 One nftables table of its own, replaced whole in one transaction whenever its content changes (this node's
-podCIDRs, or the cluster CIDRs: configured, or else every Node's podCIDRs)::
+podCIDRs, or the cluster CIDRs: configured, or else every Node's podCIDRs the plan does not refuse)::
 
     table inet nodeplug-cluster {
         set cluster4 { type ipv4_addr; flags interval; auto-merge; elements = { 10.244.0.0/16 } }

@@ -32,7 +32,7 @@ import contextlib
 import ipaddress
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +122,7 @@ class ClusterNetwork:
         self.metrics = metrics or Metrics(None)
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
+        self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
 
     # ------------------------------------------------------------ lifecycle
@@ -216,45 +217,56 @@ class ClusterNetwork:
     # ------------------------------------------------------------ who changes the kernel (uninstall)
 
     async def _guard(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                if uninstall.requested(self.marker):
+                # the marker, the lock and its record are files: looked at on the netlink thread, after any pass
+                if await loop.run_in_executor(self._pool, uninstall.requested, self.marker):
                     if self.role != "removed":
                         await self._stand_down()
                 elif self.role != "managing":
-                    self._take_over()
+                    await self._take_over()
             except Exception as e:  # e.g. the runtime directory unwritable: said once, tried again at every look
                 if self.role != "error":
                     self.log.error("cluster network: cannot take it up or down", error=str(e) or repr(e))
                 self.role = "error"
             await asyncio.sleep(uninstall.POLL_SECONDS)
 
-    def _take_over(self) -> None:
-        if not self.lock.try_acquire():
+    async def _take_over(self) -> None:
+        got = await asyncio.get_running_loop().run_in_executor(self._pool, self._claim)
+        if got == "waiting":
             if self.role != "waiting":
                 self.log.warning("cluster network: its lock is held by another process", lock=str(self.lock.path))
             self.role = "waiting"
             return
-        if uninstall.requested(self.marker):  # asked between our look and the lock: the next look stands down
-            self.lock.release()
+        if got == "asked":  # asked between our look and the lock: the next look stands down
             return
-        record = uninstall.Record(self.node, uninstall.this_netns(), self.cfg.route_protocol,
-                                  str(self.subnets_path), os.getpid())  # fmt: skip
-        self.lock.write(record)
         if self.role == "removed":
             self.log.info("cluster network: the uninstall marker is gone (install-cni ran): managing it again")
         self.role = "managing"
         self._full = True
         self._dirty.set()
 
+    def _claim(self) -> str:
+        """On the netlink thread: take the lock and record what this agent manages; "managing", "waiting" (the
+        lock is another process's) or "asked" (an uninstall was requested meanwhile)."""
+        if not self.lock.try_acquire():
+            return "waiting"
+        if uninstall.requested(self.marker):
+            self.lock.release()
+            return "asked"
+        record = uninstall.Record(self.node, uninstall.this_netns(), self.cfg.route_protocol,
+                                  str(self.subnets_path), os.getpid())  # fmt: skip
+        self.lock.write(record)
+        return "managing"
+
     async def _stand_down(self) -> None:
         was = self.role
         self.role = "removing"  # no pass starts from here on; the one under way finishes first on the netlink thread
-        if not self.lock.try_acquire():  # someone else (install-cni) is removing it right now: look again soon
+        done = await asyncio.get_running_loop().run_in_executor(self._pool, self._remove)
+        if done is None:  # someone else (install-cni) is removing it right now: look again soon
             self.role = was if was != "managing" else "waiting"
             return
-        self.log.warning("cluster network: uninstall requested; removing what this agent owns", marker=str(self.marker))
-        done = await asyncio.get_running_loop().run_in_executor(self._pool, self._remove)
         self.role = "removed"
         for line in done.removed:
             self.log.info("cluster network: uninstall", done=line)
@@ -265,10 +277,15 @@ class ClusterNetwork:
         self.log.info("cluster network: removed from this node; not managed until `nodeplug install-cni` runs again",
                       failed=len(done.failed))  # fmt: skip
 
-    def _remove(self) -> teardown.Removal:
-        """On the netlink thread, after any pass under way: remove, forget what the passes knew, and let go of the
-        lock only then (also when the removal fails: the guard's next look tries again)."""
+    def _remove(self) -> teardown.Removal | None:
+        """On the netlink thread, after any pass under way: take the lock (None when another process holds it),
+        remove, forget what the passes knew, and let go of the lock only then (also when the removal fails: the
+        guard's next look tries again)."""
+        if not self.lock.try_acquire():
+            return None
         try:
+            self.log.warning("cluster network: uninstall requested; removing what this agent owns",
+                             marker=str(self.marker))  # fmt: skip
             if self._nl is None:
                 self._nl = Rtnl()
             done = teardown.remove(self._nl, self.cfg.route_protocol, self.subnets_path)
@@ -310,9 +327,9 @@ class ClusterNetwork:
         else:
             vx_index = kernel.vxlan_index(nl)
             out.problems.append(f"node {self.node} has no InternalIP on this host: no VXLAN endpoint")
-        exclude = list(pod_cidrs) + [c for n in nodes.values() for c in n.pod_cidrs]
-        connected = kernel.connected(nl, exclude, [vx_index] if vx_index is not None else [])
-        want = desired(Local(self.node, pod_cidrs, tuple(connected), out.vtep), nodes.values(), self.cfg.mode)
+        connected = kernel.connected(nl, pod_cidrs, [vx_index] if vx_index is not None else [])
+        local = Local(self.node, pod_cidrs, tuple(connected), out.vtep, self._cluster)
+        want = desired(local, nodes.values(), self.cfg.mode)
         if full:
             owned = kernel.read_owned(nl, self.cfg.route_protocol, vx_index)
             self.have = owned.state
@@ -332,7 +349,7 @@ class ClusterNetwork:
         out.paths, out.unrouted = want.paths, want.unrouted
         if own is not None:
             self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in pod_cidrs), out.mtu))
-        self._masquerade(pod_cidrs, nodes, out)
+        self._masquerade(pod_cidrs, nodes, want.refused, out)
         return out
 
     def _write_subnets(self, want: NodeSubnets) -> None:
@@ -343,16 +360,18 @@ class ClusterNetwork:
         self._subnets = want
         self.log.info("pod subnets of this node", pod_cidrs=",".join(want.pod_cidrs) or "none", mtu=want.mtu)
 
-    def _masquerade(self, pod_cidrs: tuple[IPNetwork, ...], nodes: dict[str, NodeInfo], out: Outcome) -> None:
+    def _masquerade(
+        self, pod_cidrs: tuple[IPNetwork, ...], nodes: dict[str, NodeInfo], refused: Set[tuple[str, int]], out: Outcome
+    ) -> None:
         if not self.cfg.masquerade:
             if self._masq != ():
                 masq.remove()
                 self._masq = ()
             return
-        if self.cfg.cluster_cidrs:
-            cluster: list[IPNetwork] = [ipaddress.ip_network(c) for c in self.cfg.cluster_cidrs]
+        if self._cluster:
+            cluster: list[IPNetwork] = list(self._cluster)
         else:
-            cluster = [c for n in nodes.values() for c in n.pod_cidrs]
+            cluster = [c for n in nodes.values() for c in n.pod_cidrs if (n.name, c.version) not in refused]
         merged: list[IPNetwork] = [
             *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv4Network)),
             *ipaddress.collapse_addresses(c for c in cluster if isinstance(c, ipaddress.IPv6Network)),

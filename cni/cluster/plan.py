@@ -14,7 +14,8 @@ For each other node (a *peer*) and each address family of its podCIDRs, the mode
 A peer that cannot be routed the way the mode says (no InternalIP on a connected subnet in direct mode; no VTEP
 annotation yet, or a VTEP of the other underlay family, in vxlan mode) gets no route and an entry in
 :attr:`Desired.unrouted` naming the reason. Conflicts from hostile or broken Node objects (a podCIDR overlapping
-this node's or an earlier peer's, a VTEP MAC another peer already uses) are settled by name order and reported the
+this node's or an earlier peer's or a subnet this node is connected to, or outside the configured cluster CIDRs, a
+VTEP MAC another peer already uses) are settled by name order and reported the
 same way, so the outcome never depends on the order of events.
 
 :func:`changes` compares a :class:`State` the kernel has (only entries the agent owns: routes of its protocol,
@@ -44,8 +45,9 @@ class Local(NamedTuple):
 
     name: str
     pod_cidrs: tuple[IPNetwork, ...] = ()
-    connected: tuple[IPNetwork, ...] = ()  # underlay subnets this node is on (pod subnets excluded)
+    connected: tuple[IPNetwork, ...] = ()  # underlay subnets this node is on (its own pod subnets excluded)
     vtep: Vtep | None = None  # this node's VXLAN endpoint, None when the mode uses none (direct)
+    cluster: tuple[IPNetwork, ...] = ()  # cni.cluster.cluster_cidrs: when set, every routed podCIDR lies in one
 
 
 class State(NamedTuple):
@@ -64,6 +66,7 @@ class Desired(NamedTuple):
     state: State
     paths: dict[tuple[str, int], str]  # (peer, IP version) -> "direct" | "vxlan"
     unrouted: dict[tuple[str, int], str]  # (peer, IP version) -> why it has no route
+    refused: frozenset[tuple[str, int]] = frozenset()  # (peer, IP version) whose podCIDR is no pod network: a conflict
 
 
 class Changes(NamedTuple):
@@ -125,11 +128,23 @@ def _vxlan_peer(local: Local, peer: NodeInfo) -> tuple[Vtep | None, str]:
     return peer.vtep, ""
 
 
+def _outside_pod_space(local: Local, cidr: IPNetwork) -> str:
+    """Why a peer's podCIDR must not be routed at all (it would take traffic away from the underlay, or from
+    outside the configured cluster CIDRs); empty when it may."""
+    underlay = next((n for n in local.connected if n.version == cidr.version and n.overlaps(cidr)), None)
+    if underlay is not None:
+        return f"podCIDR {cidr} overlaps {underlay}, a subnet this node is connected to"
+    if local.cluster and not any(c.version == cidr.version and cidr.subnet_of(c) for c in local.cluster):  # type: ignore[arg-type]
+        return f"podCIDR {cidr} is outside cni.cluster.cluster_cidrs"
+    return ""
+
+
 def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
     """The state the kernel should have for ``nodes`` (this node among them or not)."""
     state = State.empty()
     paths: dict[tuple[str, int], str] = {}
     unrouted: dict[tuple[str, int], str] = {}
+    refused: set[tuple[str, int]] = set()
     claimed = _Claims()
     for c in local.pod_cidrs:
         if claimed.owner_overlapping(c) is None:
@@ -145,8 +160,10 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
         for cidr in peer.pod_cidrs:
             key = (peer.name, cidr.version)
             clash = claimed.owner_overlapping(cidr)
-            if clash is not None:
-                unrouted[key] = f"podCIDR {cidr} overlaps node {clash}'s"
+            why = f"podCIDR {cidr} overlaps node {clash}'s" if clash is not None else _outside_pod_space(local, cidr)
+            if why:
+                unrouted[key] = why
+                refused.add(key)
                 continue
             gw, direct_why = (None, "mode is vxlan") if mode == "vxlan" else _direct_gateway(local, peer, cidr.version)
             if gw is not None:
@@ -164,7 +181,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
                 )  # fmt: skip
                 continue
             claimed.add(cidr, peer.name)
-    return Desired(state, paths, unrouted)
+    return Desired(state, paths, unrouted, frozenset(refused))
 
 
 def changes(want: State, have: State) -> Changes:

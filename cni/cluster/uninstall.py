@@ -75,7 +75,7 @@ def parse_record(data: bytes) -> Record | None:
     node, netns, proto, subnets, pid = (doc.get(k) for k in ("node", "netns", "routeProtocol", "subnetsFile", "pid"))
     if not isinstance(node, str) or not isinstance(netns, str) or not isinstance(subnets, str):
         return None
-    if not subnets.startswith("/") or "\0" in subnets or len(node) > 253:
+    if not subnets.startswith("/") or "\0" in subnets or ".." in subnets.split("/") or len(node) > 253:
         return None
     if isinstance(proto, bool) or not isinstance(proto, int) or not 5 <= proto <= 254:
         return None

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from cni.cluster import kernel, masq, teardown, uninstall
+from cni.cluster.config import ClusterConfig
+from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
 from cni.cluster.subnets import NodeSubnets
 from cni.dataplane.netns import entered
@@ -245,3 +247,97 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
     assert uninstall.requested(root(uninstall.MARKER)) and not root(uninstall.LOCK).exists()
     # in another netns (here: the test's own), the same root's uninstall leaves the kernel alone
     assert cninetwork.on_this_node(root) is False  # no record left: a temporary root is nobody's node
+
+
+# ---------------------------------------------------------------- a pass of the agent, with a hostile Node
+
+
+def one_pass(ns: str, tmp_path: Path, nodes: dict[str, NodeInfo], masquerade: bool) -> Any:
+    """One full reconcile pass of node n1's agent (direct mode) in netns ``ns`` over ``nodes``; no API is reached."""
+    import asyncio
+
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.kube import KubeClient, resolve
+    from nodeplug.log import get_logger
+
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443"}}]\n'
+        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    src = resolve(kc, env={})
+    assert src is not None
+    kube = KubeClient(src)
+    cfg = ClusterConfig(mode="direct", masquerade=masquerade)
+    agent = ClusterNetwork(cfg, kube, "n1", tmp_path / "subnets.json", get_logger("cni"),
+                           lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+    try:
+        return inside(ns, lambda nl: agent._pass(nodes, True))
+    finally:
+        if agent._nl is not None:
+            agent._nl.close()
+        asyncio.run(kube.close())
+
+
+def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_routed(node: str, tmp_path: Path) -> None:
+    """A Node whose podCIDR lies in a subnet this node is on (192.168.50.128/25 here) must neither get a route
+    (it would take half the segment's traffic) nor take the segment out of the subnets peers are reached on
+    directly (which once left every direct peer unrouted)."""
+    nodes = {
+        "n1": NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        "n2": NodeInfo("n2", (net("10.244.2.0/24"),), (ip("192.168.50.2"),)),
+        "n3": NodeInfo("n3", (net("192.168.50.128/25"),), (ip("192.168.50.3"),)),
+    }
+    outcome = one_pass(node, tmp_path, nodes, masquerade=False)
+    assert outcome.paths == {("n2", 4): "direct"}
+    assert "192.168.50.0/24, a subnet this node is connected to" in outcome.unrouted[("n3", 4)]
+    routes = sh("ip", "-n", node, "route", "show", "proto", str(PROTO))
+    assert "10.244.2.0/24 via 192.168.50.2" in routes and "192.168.50.128" not in routes
+
+
+def test_the_doctor_names_the_node_whose_route_is_missing(node: str) -> None:
+    """b's IPv4 podCIDR is a's (so b gets no IPv4 route) while b's IPv6 one is routed: a missing route to the shared
+    IPv4 network is a's. The check once took the owner from every node with a path, whatever its family."""
+    from cni.cluster.check import _compare
+
+    nodes = [
+        NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        NodeInfo("a", (net("10.244.7.0/24"), net("fd44:0:0:7::/64")), (ip("192.168.50.7"), ip("fd50::7"))),
+        NodeInfo("b", (net("10.244.7.0/24"), net("fd44:0:0:8::/64")), (ip("192.168.50.8"), ip("fd50::8"))),
+    ]
+    problems, counts = inside(node, lambda nl: _compare(ClusterConfig(mode="direct"), "n1", nodes))
+    assert counts == {"direct": 3, "vxlan": 0}
+    assert "a: route to 10.244.7.0/24 missing, want via 192.168.50.7" in problems
+    assert "b: route to fd44:0:0:8::/64 missing, want via fd50::8" in problems
+    assert any(p.startswith("b IPv4: not routed (podCIDR 10.244.7.0/24 overlaps node a's)") for p in problems)
+
+
+def test_a_link_named_like_the_vxlan_device_that_is_not_one_is_left_alone(node: str) -> None:
+    sh("ip", "-n", node, "link", "add", kernel.VXLAN_DEVICE, "type", "bridge")
+
+    def work(nl: Rtnl) -> tuple[str, bool]:
+        with pytest.raises(kernel.KernelError) as e:
+            kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
+        return str(e.value), kernel.remove_vxlan(nl)
+
+    error, removed = inside(node, work)
+    assert "is a bridge device, not nodeplug's" in error and removed is False
+    details = json.loads(sh("ip", "-d", "-j", "-n", node, "link", "show", kernel.VXLAN_DEVICE))[0]
+    assert details["linkinfo"]["info_kind"] == "bridge"
+
+
+def test_masquerade_keeps_the_source_only_towards_podcidrs_in_no_conflict(node: str, tmp_path: Path) -> None:
+    """Without configured cluster CIDRs, traffic to every Node's podCIDR keeps its pod source address, except to a
+    podCIDR that is refused (here one claiming half the underlay): pod traffic to those hosts is masqueraded as
+    before. A podCIDR shared with a node that keeps it stays in the set."""
+    nodes = {
+        "n1": NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        "a": NodeInfo("a", (net("10.244.7.0/24"),), (ip("192.168.50.7"),)),
+        "b": NodeInfo("b", (net("10.244.7.0/24"),), (ip("192.168.50.8"),)),
+        "h": NodeInfo("h", (net("192.168.50.128/25"),), (ip("192.168.50.3"),)),
+    }
+    outcome = one_pass(node, tmp_path, nodes, masquerade=True)
+    assert outcome.problems == [] and outcome.paths == {("a", 4): "direct"}
+    table = sh("ip", "netns", "exec", node, "nft", "list", "table", "inet", masq.TABLE)
+    assert "10.244.1.0/24" in table and "10.244.7.0/24" in table and "192.168.50.128" not in table, table

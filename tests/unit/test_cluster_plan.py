@@ -141,6 +141,20 @@ def test_conflicts_are_settled_by_name_whatever_the_order() -> None:
         assert "overlaps node n1's" in want.unrouted[("m", 4)]
 
 
+def test_a_podcidr_in_the_underlay_or_outside_the_cluster_cidrs_gets_no_route() -> None:
+    lan_half = peer("h", 9, "192.168.78.9")._replace(pod_cidrs=(net("192.168.77.128/25"),))
+    wide = peer("w", 8, "192.168.77.8")._replace(pod_cidrs=(net("172.16.0.0/12"), net("fd44:0:0:8::/64")))
+    for mode in ("direct", "vxlan", "auto"):
+        want = desired(ME, [lan_half, peer("n2", 2, "192.168.77.2", "fd77::2")], mode)
+        assert "overlaps 192.168.77.0/24, a subnet this node is connected to" in want.unrouted[("h", 4)]
+        assert net("192.168.77.128/25") not in want.state.routes and ("n2", 4) in want.paths
+    fenced = ME._replace(cluster=(net("10.244.0.0/16"), net("fd44::/48")))
+    want = desired(fenced, [wide], "auto")
+    assert "outside cni.cluster.cluster_cidrs" in want.unrouted[("w", 4)]
+    assert want.paths == {("w", 6): "vxlan"} and list(want.state.routes) == [net("fd44:0:0:8::/64")]
+    assert desired(ME, [wide], "auto").paths[("w", 4)] == "direct"  # no cluster CIDRs configured: not fenced
+
+
 def test_changes_touch_only_what_differs() -> None:
     want = desired(ME, [peer("n2", 2, "192.168.77.2", "fd77::2"), peer("n4", 4, "192.168.78.4")], "auto").state
     assert not changes(want, State(dict(want.routes), dict(want.fdb), dict(want.neigh)))

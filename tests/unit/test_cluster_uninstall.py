@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -82,6 +83,7 @@ def test_a_lock_file_removed_by_its_holder_is_not_taken_by_a_waiter_that_opened_
      json.dumps({**json.loads(RECORD.dumps()), "routeProtocol": 300}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "routeProtocol": True}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "subnetsFile": "relative/path"}).encode(),
+     json.dumps({**json.loads(RECORD.dumps()), "subnetsFile": "/srv/root/../../etc/x.json"}).encode(),
      json.dumps({**json.loads(RECORD.dumps()), "pid": -1}).encode()],
 )  # fmt: skip
 def test_a_record_that_is_not_one_reads_as_none(data: bytes) -> None:
@@ -98,7 +100,7 @@ fields = {
     "node": scalars | st.just("node-a"),
     "netns": scalars | st.just("4:4026531840"),
     "routeProtocol": scalars | st.integers(0, 300),
-    "subnetsFile": scalars | st.sampled_from(["/var/lib/x.json", "x.json", "/a\x00b"]),
+    "subnetsFile": scalars | st.sampled_from(["/var/lib/x.json", "x.json", "/a\x00b", "/r/../../etc/x.json"]),
     "pid": scalars | st.integers(-2, 1 << 40),
 }
 
@@ -115,6 +117,7 @@ def test_a_record_from_hostile_json_has_checked_fields(doc: dict[str, object]) -
     if got is not None:
         assert 5 <= got.route_protocol <= 254 and got.subnets_file.startswith("/") and got.pid >= 0
         assert isinstance(got.node, str) and isinstance(got.netns, str) and "\x00" not in got.subnets_file
+        assert ".." not in got.subnets_file.split("/")  # the uninstall deletes it: never outside the root it names
 
 
 def test_the_marker_is_requested_once_and_cleared(tmp_path: Path) -> None:
@@ -190,12 +193,9 @@ def test_an_agent_that_does_not_stand_down_fails_the_uninstall_naming_the_reques
 # ---------------------------------------------------------------- the agent's side, before any kernel work
 
 
-def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
-    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
-    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
-    from cni.cluster.network import ClusterNetwork
+def _api_away(tmp_path: Path) -> Any:
+    """A client of an API server that answers every request with 503 (the agent then never touches the kernel)."""
     from nodeplug.kube import KubeClient, resolve
-    from nodeplug.log import get_logger
 
     kc = tmp_path / "kubeconfig"
     kc.write_text(
@@ -206,9 +206,17 @@ def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_ap
     src = resolve(kc, env={})
     assert src is not None
     away = httpx2.MockTransport(lambda request: httpx2.Response(503, json={"kind": "Status", "code": 503}))
+    return KubeClient(src, transport=away)
+
+
+def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
+    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
+    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.log import get_logger
 
     async def run() -> tuple[float, uninstall.Record | None, tuple[bool, str]]:
-        kube = KubeClient(src, transport=away)
+        kube = _api_away(tmp_path)
         net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
                              lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
         await net.start()
@@ -229,3 +237,49 @@ def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_ap
     assert cpu < 0.3, f"{cpu:.2f} s of CPU in 1 s of waiting for the API server"
     assert not ready and "waiting for node node-a's podCIDRs" in detail
     assert uninstall.Lock(tmp_path / "lock").try_acquire()  # released on stop
+
+
+def test_the_agent_looks_at_the_marker_and_takes_the_lock_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's file I/O (the marker every 0.2 s, the lock, the record written into it) runs on the netlink
+    thread: on the event loop it would stall the agent's gRPC servers whenever the runtime directory is slow."""
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.log import get_logger
+
+    seen: dict[str, set[int]] = {"requested": set(), "try_acquire": set(), "write": set()}
+    real = (uninstall.requested, uninstall.Lock.try_acquire, uninstall.Lock.write)
+
+    def requested(marker: Path) -> bool:
+        seen["requested"].add(threading.get_ident())
+        return real[0](marker)
+
+    def try_acquire(self: uninstall.Lock) -> bool:
+        seen["try_acquire"].add(threading.get_ident())
+        return real[1](self)
+
+    def write(self: uninstall.Lock, record: uninstall.Record) -> None:
+        seen["write"].add(threading.get_ident())
+        real[2](self, record)
+
+    monkeypatch.setattr(uninstall, "requested", requested)
+    monkeypatch.setattr(uninstall.Lock, "try_acquire", try_acquire)
+    monkeypatch.setattr(uninstall.Lock, "write", write)
+
+    async def run() -> int:
+        kube = _api_away(tmp_path)
+        net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
+                             lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+        await net.start()
+        try:
+            await asyncio.sleep(0.5)
+            assert net.role == "managing"
+        finally:
+            await net.stop()
+            await kube.close()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(run())
+    for what, threads in seen.items():
+        assert threads, f"{what} was never called"
+        assert loop_thread not in threads, f"{what} ran on the event loop"

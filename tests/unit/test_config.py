@@ -46,6 +46,12 @@ def test_root_flag_overrides_file(tmp_path: Path) -> None:
         ({"shutdown_grace_seconds": "soon"}, "shutdown_grace_seconds: input should be a valid number"),
         ({"deviceplugin": []}, "deviceplugin: input should be a valid dictionary"),
         ({"cni": {"enabled": None}}, "cni.enabled: input should be a valid boolean, got None"),
+        ({"cni": {"socket": "run/cni.sock"}}, "cni.socket: expected an absolute path, got 'run/cni.sock'"),
+        ({"cni": {"cluster": {"subnets_file": "s.json"}}}, "cni.cluster.subnets_file: expected an absolute path"),
+        (
+            {"cni": {"cluster": {"subnets_file": "/var/lib/../../etc/x"}}},
+            "cni.cluster.subnets_file: expected a path without '..' or NUL",
+        ),
     ],
 )
 def test_each_mistake_names_its_field(data: object, expected: str) -> None:

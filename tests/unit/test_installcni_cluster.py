@@ -56,6 +56,26 @@ def test_missing_reference_plugins_are_installed_then_removed_by_uninstall(
     assert sorted(p.name for p in bin_dir.iterdir()) == []
 
 
+def test_a_copy_cut_short_by_a_crash_is_cleaned_up_by_the_next_run(host: Path, bundle: Path, refs: Path) -> None:
+    from nodeplug.fsutil import write_atomic
+
+    bin_dir = host / "opt/cni/bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+
+    def crash(path: Path, data: bytes, mode: int = 0o644) -> None:  # the temp file is written, then the power goes
+        (path.parent / f".{path.name}.x1y2z3.tmp").write_bytes(data[:4])
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(refplugins, "write_atomic", crash)
+        with pytest.raises(KeyboardInterrupt):
+            install(host, bundle, refs)
+    assert [p.name for p in bin_dir.glob(".loopback.*")] == [".loopback.x1y2z3.tmp"]
+    assert refplugins.write_atomic is write_atomic and install(host, bundle, refs) == 0
+    assert sorted(p.name for p in bin_dir.iterdir() if p.name.startswith(".")) == [refplugins.RECORD]
+    assert (bin_dir / "loopback").read_bytes() == b"\x7fELF loopback"
+
+
 def test_the_hosts_own_plugins_are_never_overwritten_or_removed(host: Path, bundle: Path, refs: Path) -> None:
     bin_dir = host / "opt/cni/bin"
     (bin_dir / "loopback").write_bytes(b"host loopback")
