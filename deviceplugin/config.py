@@ -41,7 +41,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deviceplugin.dra.config import DraConfig
-from nodeplug.configbase import Section
+from nodeplug.configbase import AbsPath, Section, absolute_path
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,22 +56,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _absolute(v: str) -> str:
-    if not v.startswith("/"):
-        raise ValueError("expected an absolute path")
-    if "\x00" in v or any(part == ".." for part in v.split("/")):
-        raise ValueError("expected a path without '..' or NUL")
-    return v
-
-
 def _dev_path(v: str) -> str:
-    _absolute(v)
+    absolute_path(v)
     if not v.startswith("/dev/"):
         raise ValueError("expected a path under /dev/")
     return v
 
 
-AbsPath = Annotated[str, AfterValidator(_absolute)]
 DevPath = Annotated[str, AfterValidator(_dev_path)]
 
 
