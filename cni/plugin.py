@@ -39,32 +39,9 @@ from cni import thick
 from cni.config import Config
 from cni.errors import INVALID_NETWORK_CONFIG, CniError
 from nodeplug.grpcserve import remove_stale_socket
+from nodeplug.keyedlocks import KeyedLocks
 from nodeplug.metrics import RPC_BUCKETS
 from nodeplug.plugin import AgentContext, Readiness
-
-
-class _KeyedLocks:
-    """One asyncio lock per key, dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> Any:
-        if not key:
-            yield
-            return
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
 
 
 class CniPlugin:
@@ -78,7 +55,7 @@ class CniPlugin:
         self._server: asyncio.AbstractServer | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._table: dict[str, Any] = {}
-        self._locks = _KeyedLocks()
+        self._locks = KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.cluster: Any = None  # cni.cluster.network.ClusterNetwork when the cluster network runs
         self._cluster_metrics: Any = None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from deviceplugin.dra.claims import ClaimError, parse_claim
 from deviceplugin.dra.names import NameError_, check_name, check_namespace, check_uid
 from deviceplugin.dra.store import ClaimStore, PreparedClaim, PreparedDevice
 from nodeplug.commands import CommandError
+from nodeplug.keyedlocks import KeyedLocks
 from nodeplug.log import Logger
 
 
@@ -92,7 +93,7 @@ class Preparer:
     devices: Devices
     cdi_dir: Path
     log: Logger
-    _locks: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict, init=False)  # uid -> lock, its users
+    _locks: KeyedLocks = field(default_factory=KeyedLocks, init=False)  # one coroutine at a time per claim UID
     # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
     holders: dict[tuple[str, str], str] = field(default_factory=dict, init=False)
     _who: dict[str, str] = field(default_factory=dict, init=False)  # uid -> namespace/name, of claims holding devices
@@ -130,24 +131,8 @@ class Preparer:
         except NameError_ as e:
             raise PrepareError(f"claim: {e}") from None
 
-    @contextlib.asynccontextmanager
-    async def _serialised(self, uid: str) -> AsyncIterator[None]:
-        """One coroutine at a time per claim UID; the lock is forgotten when its last user is done, so claims that
-        failed or were unprepared leave nothing behind, and no coroutine ever waits on a lock another has replaced."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
-
     async def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        async with self._serialised(ref.uid):
+        async with self._locks.hold(ref.uid):
             return await self._prepare(ref)
 
     async def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
@@ -265,7 +250,7 @@ class Preparer:
         self.devices.claims_changed()
 
     async def unprepare(self, uid: str) -> None:
-        async with self._serialised(uid):
+        async with self._locks.hold(uid):
             claim = await asyncio.to_thread(self.store.get, uid)
             if claim is None:
                 if uid in self._who:  # held by a preparation cancelled before its record was known to be written
