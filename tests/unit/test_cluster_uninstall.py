@@ -209,16 +209,22 @@ def _api_away(tmp_path: Path) -> Any:
     return KubeClient(src, transport=away)
 
 
-def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
-    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
-    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
+def _network(tmp_path: Path, kube: Any) -> Any:
+    """node-a's cluster network service with its lock, marker and subnets file under ``tmp_path``."""
     from cni.cluster.network import ClusterNetwork
     from nodeplug.log import get_logger
 
+    return ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
+                          lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+
+
+def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
+    """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
+    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
+
     async def run() -> tuple[float, uninstall.Record | None, tuple[bool, str]]:
         kube = _api_away(tmp_path)
-        net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
-                             lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+        net = _network(tmp_path, kube)
         await net.start()
         try:
             await asyncio.sleep(0.5)
@@ -244,8 +250,6 @@ def test_the_agent_looks_at_the_marker_and_takes_the_lock_off_the_event_loop(
 ) -> None:
     """The guard's file I/O (the marker every 0.2 s, the lock, the record written into it) runs on the netlink
     thread: on the event loop it would stall the agent's gRPC servers whenever the runtime directory is slow."""
-    from cni.cluster.network import ClusterNetwork
-    from nodeplug.log import get_logger
 
     seen: dict[str, set[int]] = {"requested": set(), "try_acquire": set(), "write": set()}
     real = (uninstall.requested, uninstall.Lock.try_acquire, uninstall.Lock.write)
@@ -268,8 +272,7 @@ def test_the_agent_looks_at_the_marker_and_takes_the_lock_off_the_event_loop(
 
     async def run() -> int:
         kube = _api_away(tmp_path)
-        net = ClusterNetwork(ClusterConfig(), kube, "node-a", tmp_path / "subnets.json", get_logger("cni"),
-                             lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+        net = _network(tmp_path, kube)
         await net.start()
         try:
             await asyncio.sleep(0.5)
