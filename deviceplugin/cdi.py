@@ -7,7 +7,9 @@ instead, and the answer names the CDI devices (``nodeplug.io/<name>=<id>``); the
 
 The CDI spec (``cdiVersion`` 0.6.0, ``kind`` ``nodeplug.io/<name>``) has one device entry per listed ID with its
 device nodes, and the resource's mounts and env as spec-wide container edits. It is written atomically (temp file in
-the same directory, fsync, rename) to ``<cdi dir>/nodeplug.io-<name>.json``, and only when its content changes.
+the same directory, fsync, rename, fsync of the directory) to ``<cdi dir>/nodeplug.io-<name>.json``, and only when its
+content changes. :func:`sync_spec` is that whole step for one listing; it blocks on the disk, so the device plugin
+runs it on a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -118,3 +120,21 @@ def write_spec(directory: Path, res: Resource, spec: dict[str, Any]) -> Path:
 def remove_spec(directory: Path, res: Resource) -> None:
     with contextlib.suppress(FileNotFoundError):
         (directory / spec_filename(res)).unlink()
+
+
+def sync_spec(
+    directory: Path, res: Resource, listing: Sequence[Listed], written: str | None, force: bool = False
+) -> str:
+    """Make the spec file say ``listing`` (removed when the listing is empty) and return what it says now, as
+    compared text ("" for no file). ``written`` is what the last call returned (None: not known), so an unchanged
+    listing costs no write; ``force`` writes anyway (the file was removed, or the last write failed). Blocking
+    (OSError when the disk refuses)."""
+    if not listing:
+        if written != "" or force:
+            remove_spec(directory, res)
+        return ""
+    spec = build_spec(res, listing)
+    text = json.dumps(spec, sort_keys=True)
+    if force or text != written:
+        write_spec(directory, res, spec)
+    return text

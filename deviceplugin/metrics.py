@@ -5,7 +5,9 @@
 - ``nodeplug_deviceplugin_streams{resource}``: open ListAndWatch streams;
 - ``nodeplug_deviceplugin_allocations_total{resource}``: device IDs handed out by Allocate;
 - ``nodeplug_deviceplugin_registrations_total{resource,result}``: Register calls to kubelet (ok / error);
-- ``nodeplug_deviceplugin_allocate_duration_seconds{resource}``: Allocate latency.
+- ``nodeplug_deviceplugin_allocate_duration_seconds{resource}``: Allocate latency;
+- ``nodeplug_deviceplugin_scans_total{resource}``: discovery scans of the resource (its start, inotify and uevent
+  re-scans, the safety timer): a count that climbs fast tells of a node busy with device events.
 
 The gauges are read live from the running resources at scrape time; the collectors are added on start and
 removed on stop, so an agent can start the plugin again on the same registry.
@@ -74,10 +76,13 @@ class DevicePluginMetrics:
             "nodeplug_deviceplugin_allocate_duration_seconds", "Allocate latency in seconds.", ["resource"],
             buckets=ALLOCATE_BUCKETS, registry=None,
         )  # fmt: skip
+        self.scans = Counter(
+            "nodeplug_deviceplugin_scans", "Discovery scans of a resource's devices.", ["resource"], registry=None
+        )
         self._live = _Live(stats)
 
     def attach(self) -> None:
-        for c in (self.allocations, self.registrations, self.allocate_seconds, self._live):
+        for c in (self.allocations, self.registrations, self.allocate_seconds, self.scans, self._live):
             self.registry.register(c)
             self._collectors.append(c)
 

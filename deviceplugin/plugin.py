@@ -86,7 +86,7 @@ class DevicePlugin:
                 self._uevents = UeventMonitor(self._on_uevent)
             except OSError as e:
                 self.log.info("no kernel uevents; sysfs hotplug is seen by the safety re-scan", error=str(e))
-            self._remove_leftovers()
+            await asyncio.to_thread(self._remove_leftovers)  # file system work: off the loop, like every other
             async with self._lock:
                 for res in self.section.resources:
                     await self._start_resource(res)

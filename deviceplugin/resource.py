@@ -9,7 +9,9 @@ Lifecycle (the plugin drives it; all calls happen in the event loop)::
 
 Registration runs in one task that waits for a kick (start, re-serve, a new kubelet.sock) and retries with
 exponential backoff (50 ms to 5 s) while kubelet is not there, logging once per change of state. The health task
-runs the health command for every present device every ``interval_seconds``.
+runs the health command for every present device every ``interval_seconds``. With ``cdi: true``, a task of the
+resource's own writes its CDI spec on a worker thread after every change, and the changed listing reaches kubelet
+once the spec names it: a slow disk holds back this resource's listing, never the event loop.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -97,8 +98,13 @@ class ResourceRuntime:
         self._health_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._problems: list[str] = []
-        self._cdi_written: str | None = None
+        self._cdi_written: str | None = None  # the spec's text as last written ("" no file; None not known)
+        self._cdi_ids: frozenset[str] = frozenset()  # the IDs that spec names
         self._cdi_dirty = False  # the last write failed: Allocate writes before answering
+        self._cdi_lock = asyncio.Lock()  # one spec write at a time, each from the listing as it is when its turn comes
+        self._cdi_task: asyncio.Task[None] | None = None  # writes the spec, then publishes the listing
+        self._cdi_changes = 0  # listing changes seen by that task
+        self._unpublished = False  # a changed listing waits for its spec
         self._reg_state = ""
         self._serve_lock = asyncio.Lock()
         # one worker: preferences are computed one at a time, and a flood of calls queues instead of taking threads
@@ -113,6 +119,8 @@ class ResourceRuntime:
 
     async def start(self) -> None:
         await self.rescan()
+        if self._cdi_task is not None:
+            await self._cdi_task  # the first listing kubelet gets is the whole one, its spec written
         if not self.res.via_deviceplugin:  # offered through DRA only: discovery and health, no socket
             if self.res.health is not None:
                 self._tasks.append(asyncio.create_task(self._health_loop(), name=f"health-{self.res.name}"))
@@ -125,6 +133,9 @@ class ResourceRuntime:
 
     async def stop(self, grace: float, removed: bool = False) -> None:
         self._stopped = True  # a scan still reading is not applied
+        if self._cdi_task is not None:
+            self._tasks.append(self._cdi_task)
+            self._cdi_task = None
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -139,7 +150,8 @@ class ResourceRuntime:
         self._worker.shutdown(wait=False, cancel_futures=True)  # a preference in progress ends within milliseconds
         self._scanner.shutdown(wait=False)  # a scan in progress finishes on its thread; its result is dropped
         if removed:
-            cdi.remove_spec(self.cdi_dir, self.res)
+            async with self._cdi_lock:  # after a write still in flight, not before it
+                await asyncio.to_thread(cdi.remove_spec, self.cdi_dir, self.res)
         self.log.info("stopped", removed=removed or None)
 
     @property
@@ -181,6 +193,7 @@ class ResourceRuntime:
         )
         if self._stopped:  # stopped (a reload, the agent's shutdown) while the scan was reading
             return False
+        self.metrics.scans.labels(self.res.name).inc()
         return self._apply(found, dirs)
 
     def _apply(self, found: discovery.Discovery, dirs: set[str]) -> bool:
@@ -203,42 +216,69 @@ class ResourceRuntime:
         return self.table.next_expiry()
 
     def _after_change(self, changed: bool) -> None:
-        if self.res.cdi:
+        """Tell the DRA driver at once; kubelet once the CDI spec names the listing's IDs (a write that failed is
+        retried by Allocate before it answers), from a task of the resource's own: a slow or stuck disk delays this
+        resource's listing only, never the scan of the others."""
+        if changed:
+            self._changed()
+        if not self.res.cdi:
+            if changed:
+                self._publish()
+            return
+        self._unpublished |= changed
+        self._cdi_changes += 1
+        if self._cdi_task is None or self._cdi_task.done():
+            self._cdi_task = asyncio.create_task(self._write_then_publish(), name=f"cdi-{self.res.name}")
+
+    async def _write_then_publish(self) -> None:
+        while not self._stopped:
+            seen = self._cdi_changes
             try:
-                self._write_cdi()
+                await self._sync_cdi()
             except OSError as e:
                 self._cdi_dirty = True
                 self.log.error("CDI spec not written", dir=str(self.cdi_dir), error=str(e))
-        if changed:
-            self._changed()
-            self.updates.publish(listing_message(self.table.listing))
-            sick = [e.id for e in self.table.listing if not e.healthy]
-            self.log.info(
-                "devices changed",
-                total=len(self.table.listing),
-                unhealthy=len(sick),
-                unhealthy_ids=(",".join(sick[:10]) + (",..." if len(sick) > 10 else "")) or None,
-            )
+            if seen != self._cdi_changes and not self._cdi_dirty:
+                continue  # the listing moved on while the spec was written: write that first
+            if self._unpublished and not self._stopped:
+                self._unpublished = False
+                self._publish()
+            if seen == self._cdi_changes:
+                return
 
-    def _write_cdi(self, force: bool = False) -> None:
-        listing = self.table.listing
-        if not listing:
-            if self._cdi_written != "":
-                cdi.remove_spec(self.cdi_dir, self.res)
-                self._cdi_written = ""
-            return
-        spec = cdi.build_spec(self.res, listing)
-        text = json.dumps(spec, sort_keys=True)
-        if force or text != self._cdi_written:
-            path = cdi.write_spec(self.cdi_dir, self.res, spec)
+    def _publish(self) -> None:
+        self.updates.publish(listing_message(self.table.listing))
+        sick = [e.id for e in self.table.listing if not e.healthy]
+        self.log.info(
+            "devices changed",
+            total=len(self.table.listing),
+            unhealthy=len(sick),
+            unhealthy_ids=(",".join(sick[:10]) + (",..." if len(sick) > 10 else "")) or None,
+        )
+
+    async def _sync_cdi(self, force: bool = False) -> None:
+        """Bring the spec file to the current listing on a worker thread: a write is two fsyncs and a rename, which
+        a slow or stuck disk can hold for seconds, and the event loop serves every resource, DRA and the agent."""
+        async with self._cdi_lock:
+            if self._stopped:
+                return
+            listing = self.table.listing
+            text = await asyncio.to_thread(cdi.sync_spec, self.cdi_dir, self.res, listing, self._cdi_written, force)
             self._cdi_written = text
+            self._cdi_ids = frozenset(e.id for e in listing)
             self._cdi_dirty = False
-            self.log.debug("CDI spec written", path=str(path))
+            self.log.debug("CDI spec up to date", path=str(self.cdi_dir / cdi.spec_filename(self.res)))
 
-    def ensure_cdi_spec(self) -> None:
-        """Allocate calls this: write the spec when the last write failed or someone removed it (OSError if not)."""
-        if self._cdi_dirty or not (self.cdi_dir / cdi.spec_filename(self.res)).exists():
-            self._write_cdi(force=True)
+    async def ensure_cdi_spec(self, ids: Iterable[str]) -> None:
+        """Allocate calls this before it names CDI devices: the spec on disk must name ``ids``. It may not yet (a write
+        still in flight, or one that failed) or someone removed it: then it is written now (OSError if it cannot)."""
+        if not self._cdi_dirty and self._cdi_ids.issuperset(ids) and self.spec_path.exists():
+            return
+        await self._sync_cdi(force=True)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.cdi_dir / cdi.spec_filename(self.res)
 
     async def _health_loop(self) -> None:
         spec = self.res.health

@@ -56,7 +56,8 @@ class Backend(Protocol):
     async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` off the event loop."""
 
-    def ensure_cdi_spec(self) -> None: ...
+    async def ensure_cdi_spec(self, ids: Iterable[str]) -> None:
+        """The resource's CDI spec names ``ids`` once this returns (OSError when it cannot be written)."""
 
     async def reset(self, entries: list[Listed]) -> None: ...
 
@@ -136,7 +137,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 request.container_requests, lambda c: check_allocation(c.devices_ids, self.b.lookup)
             )
             if self.b.res.cdi:
-                self.b.ensure_cdi_spec()
+                await self.b.ensure_cdi_spec(e.id for entries in chosen for e in entries)
             out = api_pb2.AllocateResponse()
             for entries in chosen:
                 out.container_responses.append(edits_message(container_edits(self.b.res, entries)))

@@ -32,8 +32,14 @@ from support.host import IS_ROOT, REPO, sh, unique
 from support.kubeassets import kube_tool
 
 # Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
-# fixtures include dp, csi_driver and ctl (the CSI controller).
-pytest_plugins = ["support.dpharness", "support.manifests", "support.csidriver", "support.csicontroller"]
+# fixtures include dp, csi_driver, ctl (the CSI controller) and slow_disk.
+pytest_plugins = [
+    "support.dpharness",
+    "support.manifests",
+    "support.csidriver",
+    "support.csicontroller",
+    "support.slowdisk",
+]
 
 # ---------------------------------------------------------------- host snapshot for the leak check
 

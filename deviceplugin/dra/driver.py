@@ -5,7 +5,8 @@ kubelet's plugin watcher, ResourceSlice publishing and the device-plugin holds.
 
 1. the agent's Kubernetes client and node name (an error when the agent runs single-node: DRA cannot work without
    the API);
-2. the prepared-claims database (:mod:`deviceplugin.dra.store`), whose claims hold their devices at once;
+2. the prepared-claims database (:mod:`deviceplugin.dra.store`), opened and read on a worker thread, whose claims
+   hold their devices at once;
 3. the DRA gRPC service (``v1`` and ``v1beta1``) on ``<root>/var/lib/kubelet/plugins/<driver>/dra.sock``, then the
    registration socket ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock`` (type ``DRAPlugin``,
    supported versions ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``: kubelet 1.34+ takes the first it knows, 1.32 the
@@ -143,19 +144,13 @@ class DraDriver:
                 "deviceplugin.dra.enabled needs the Kubernetes API: run the agent with --kubeconfig or KUBECONFIG, "
                 "or in a pod with a service account"
             )
-        self.store = ClaimStore(self.root(self.cfg.state_dir) / "claims.db")
-        self.preparer = Preparer(
-            driver=self.cfg.driver_name,
-            pool=self.node,
-            store=self.store,
-            source=self._source,
-            devices=_Devices(self),
-            cdi_dir=self.cdi_dir,
-            log=self.log,
-        )
+        # Opened, migrated and read (the devices prepared claims hold) on a worker thread: a slow disk holds back the
+        # driver's start, never the event loop, which serves the device plugin meanwhile.
+        self.store, preparer = await asyncio.to_thread(self._open_store)
+        self.preparer = preparer
         self.attach()
         self.apply_holds()
-        handler = Handler(self.preparer, self.log)
+        handler = Handler(preparer, self.log)
         server = UnixGrpcServer(self.socket, plugin="dra", metrics=self.metrics, log=self.log)
         server.add(v1_grpc.add_DRAPluginServicer_to_server, V1Servicer(handler))
         server.add(v1beta1_grpc.add_DRAPluginServicer_to_server, V1Beta1Servicer(handler))
@@ -176,6 +171,22 @@ class DraDriver:
         if self.view.shared():
             self._tasks.append(asyncio.create_task(self._poll_holds(), name="dra-holds"))
         self.log.info("DRA driver started", node=self.node, api=self.client.source.origin, socket=str(self.socket))
+
+    def _open_store(self) -> tuple[ClaimStore, Preparer]:
+        store = ClaimStore(self.root(self.cfg.state_dir) / "claims.db")
+        try:
+            return store, Preparer(
+                driver=self.cfg.driver_name,
+                pool=self.node,
+                store=store,
+                source=self._source,
+                devices=_Devices(self),
+                cdi_dir=self.cdi_dir,
+                log=self.log,
+            )
+        except BaseException:
+            store.close()
+            raise
 
     async def stop(self, grace: float, remove: bool = False) -> None:
         if self.registration is not None:
@@ -202,9 +213,9 @@ class DraDriver:
         for rt in self.runtimes().values():
             rt.on_change = rt.on_allocate = None
             rt.set_held({})
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        store, self.store = self.store, None
+        if store is not None:
+            await asyncio.to_thread(store.close)  # a checkpoint of the WAL: disk work, off the loop
 
     def attach(self) -> None:
         """Hook into the resources (again after the device plugin restarted some on reload)."""
