@@ -7,19 +7,20 @@ Through the ``dp`` fixture (tests/support/dpharness.py), with real device nodes 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
-import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from deviceplugin import discovery
+from deviceplugin.plugin import DevicePlugin
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
 from support.devicehost import alloc
 from support.dpharness import Harness, health, ids
-from support.wait import eventually
+from support.wait import eventually, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -143,7 +144,30 @@ async def test_pci_numa_topology_and_preferred_allocation(dp: Harness) -> None:
     await ep.wait_listing(lambda listing: health(listing)["0000:b3:00.2::0"] == "Healthy")
 
 
-async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones(dp: Harness) -> None:
+def scans(plugin: DevicePlugin) -> dict[str, float]:
+    """Discovery scans so far, per resource, from the plugin's metrics."""
+    get = plugin.ctx.metrics.registry.get_sample_value
+    return {name: get("nodeplug_deviceplugin_scans_total", {"resource": name}) or 0.0 for name in plugin.resources}
+
+
+def trigger_uevent(sysfs_device: str) -> None:
+    """Have the kernel send a "change" uevent for a device of this host (harmless; as root)."""
+    with open(f"{sysfs_device}/uevent", "w") as f:
+        f.write("change")
+
+
+def host_pci_device() -> str:
+    top = Path("/sys/bus/pci/devices")
+    if not top.is_dir() or not any(top.iterdir()):
+        pytest.skip("no PCI device on this host to send a kernel uevent for")
+    return str(sorted(top.iterdir())[0])
+
+
+async def test_uevents_rescan_sysfs_resources_and_inotify_only_the_watching_ones(dp: Harness) -> None:
+    """Each step ends with a change only ``serial`` sees, whose listing proves that step's scan rounds are over
+    (rounds run one at a time; a uevent read before the change is in the same round or an earlier one). The kernel
+    uevents are real, for this host's devices; the PCI resource reads the fake sysfs, and any PCI uevent re-scans it.
+    (Another process making non-virtual uevents on this host during the test would add PCI scans.)"""
     hca(dp, "0000:17:00.0", 0, 10)
     dp.mknod("/dev/vfio/10")
     dp.mknod("/dev/fuse")
@@ -154,46 +178,38 @@ async def test_uevent_rescans_sysfs_resources_and_inotify_only_the_watching_ones
         {"name": "serial", "devices": ["/dev/serial/tty*"]},
     ]
     plugin = await dp.start(dp.config(res))
-    if plugin._uevents is not None:  # the host's own uevents (other work on this machine) would add scans
-        plugin._uevents.close()
-        plugin._uevents = None
-    scans = dict.fromkeys(plugin.resources, 0)
-    for name, rt in plugin.resources.items():
-        original = rt.rescan
+    serial = await dp.ep("serial")
+    before = scans(plugin)
 
-        async def counting(name: str = name, original: Any = original) -> bool:
-            scans[name] += 1
-            return bool(await original())
+    def since() -> dict[str, float]:
+        now = scans(plugin)
+        return {name: now[name] - before[name] for name in now}
 
-        rt.rescan = counting  # type: ignore[method-assign]
-    rounds: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-    scan_resources = plugin._scan_resources
-
-    async def scan_round(pending: set[str] | None) -> None:  # the debounced re-scan: hand over what it scanned
-        await scan_resources(pending)
-        rounds.put_nowait(dict(scans))
-        scans.update(dict.fromkeys(scans, 0))
-
-    plugin._scan_resources = scan_round  # type: ignore[method-assign]
-
-    async def next_round() -> dict[str, int]:
-        return await asyncio.wait_for(rounds.get(), 5)
-
-    plugin._on_uevent("add", {"SUBSYSTEM": "net", "DEVPATH": "/devices/virtual/net/veth1"})  # a pod's veth
-    assert plugin._scan_handle is None  # no re-scan: virtual devices are never PCI or USB
-    plugin._on_uevent("add", {"SUBSYSTEM": "pci", "DEVPATH": "/devices/pci0000:00/0000:17:00.0"})
-    assert await next_round() == {"hca": 1, "fuse": 0, "serial": 0}
+    # a virtual device's uevent (a pod's veth, a loop device: /sys/devices/virtual/...) re-scans nothing
+    trigger_uevent("/sys/devices/virtual/mem/null")
     dp.mknod("/dev/serial/tty0")
-    assert await next_round() == {"hca": 0, "fuse": 0, "serial": 1}
-    dp.mknod("/dev/other")  # /dev itself: fuse watches it (and hca its vfio nodes' directory, /dev/vfio)
-    assert await next_round() == {"hca": 0, "fuse": 1, "serial": 0}
+    await serial.wait_listing(lambda listing: ids(listing) == ["serial-tty0"])
+    assert since() == {"hca": 0, "fuse": 0, "serial": 1}
+    # a PCI device's uevent re-scans the resources that read sysfs, and those only
+    before = scans(plugin)
+    trigger_uevent(host_pci_device())
+    dp.mknod("/dev/serial/tty1")
+    await serial.wait_listing(lambda listing: ids(listing) == ["serial-tty0", "serial-tty1"])
+    assert since()["hca"] >= 1 and {k: v for k, v in since().items() if k != "hca"} == {"fuse": 0, "serial": 1}
+    # a change in /dev itself: fuse watches it (hca watches its vfio nodes' directory, serial /dev/serial)
+    before = scans(plugin)
+    dp.mknod("/dev/other")
+    await eventually(lambda: since()["fuse"] >= 1, what="a re-scan of fuse")
+    dp.mknod("/dev/serial/tty2")
+    await serial.wait_listing(lambda listing: len(listing) == 3)
+    assert since() == {"hca": 0, "fuse": 1, "serial": 1}
 
 
-async def test_a_slow_sysfs_scan_leaves_the_loop_answering_kubelet(
-    dp: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_slow_sysfs_scan_leaves_the_loop_answering_kubelet(dp: Harness) -> None:
     """A full PCI re-scan of a large host takes about a second: it reads on a thread, and Allocate on another
-    resource is answered while it is held; its result still reaches the stream once it is done."""
+    resource is answered while it is held; its result still reaches the stream once it is done. The slow read is
+    real: the hotplugged function's ``vendor`` file in the fake sysfs is a FIFO, and the scan's read waits for the
+    test to write it."""
     hca(dp, "0000:17:00.0", 0, 10)
     dp.mknod("/dev/vfio/10")
     dp.mknod("/dev/fuse")
@@ -201,28 +217,39 @@ async def test_a_slow_sysfs_scan_leaves_the_loop_answering_kubelet(
         {"name": "hca", "pci": [{"vendor": "15b3"}]},
         {"name": "fuse", "devices": ["/dev/fuse"]},
     ]
-    plugin = await dp.start(dp.config(res))
+    await dp.start(dp.config(res))
     hca_ep, fuse_ep = await dp.ep("hca"), await dp.ep("fuse")
-    entered, release = threading.Event(), threading.Event()
-    released_by_test: list[bool] = []
-    real = discovery.discover
-
-    def slow(r: Any, host_root: str) -> Any:
-        if r.pci:
-            entered.set()
-            released_by_test.append(release.wait(5))  # False: nothing released it, the loop was stuck here
-        return real(r, host_root)
-
-    monkeypatch.setattr(discovery, "discover", slow)
     dp.mknod("/dev/vfio/11")
-    hca(dp, "0000:17:00.1", 0, 11)  # hotplug; the uevent re-scans the PCI resource
-    plugin._on_uevent("add", {"SUBSYSTEM": "pci", "DEVPATH": "/devices/pci0000:00/0000:17:00.1"})
-    assert await asyncio.to_thread(entered.wait, 5), "the PCI re-scan did not start"
-    resp = await asyncio.wait_for(fuse_ep.stub.Allocate(alloc(["fuse"])), 2)
-    release.set()
-    assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/fuse"]
-    await hca_ep.wait_listing(lambda listing: health(listing) == {"0000:17:00.0": "Healthy", "0000:17:00.1": "Healthy"})
-    assert released_by_test and all(released_by_test)
+    function = dp.fake.pci("0000:17:00.1", "15b3", "101b", "020700", 0, 11, linked=False)
+    vendor = function / "vendor"
+    vendor.unlink()
+    os.mkfifo(vendor)
+    dp.fake.link_pci("0000:17:00.1")  # hotplug: inotify on the bus directory re-scans the PCI resource
+    try:
+        writer = await asyncio.to_thread(wait_for, "the PCI re-scan reading the FIFO", lambda: open_writer(vendor), 30)
+        resp = await asyncio.wait_for(fuse_ep.stub.Allocate(alloc(["fuse"])), 30)  # the scan is held meanwhile
+        assert [d.host_path for d in resp.container_responses[0].devices] == ["/dev/fuse"]
+        assert ids(hca_ep.latest) == ["0000:17:00.0"]
+        os.write(writer, b"0x15b3\n")
+        os.close(writer)
+        await hca_ep.wait_listing(
+            lambda listing: health(listing) == {"0000:17:00.0": "Healthy", "0000:17:00.1": "Healthy"}
+        )
+    finally:  # a regular file from now on; a scan that opened the FIFO meanwhile reads an empty one
+        keep = os.open(vendor, os.O_RDWR | os.O_NONBLOCK)
+        (function / "vendor.new").write_text("0x15b3\n")
+        os.replace(function / "vendor.new", vendor)
+        os.close(keep)
+
+
+def open_writer(fifo: Path) -> int | None:
+    """A write end of ``fifo`` once a reader has it open (None until then)."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # no reader yet
+            return None
+        raise
 
 
 async def test_directory_that_appears_later_is_watched(dp: Harness) -> None:

@@ -45,8 +45,17 @@ class FakeHost:
         return p
 
     def pci(
-        self, addr: str, vendor: str, device: str, klass: str, numa: int = -1, iommu_group: int | None = None
+        self,
+        addr: str,
+        vendor: str,
+        device: str,
+        klass: str,
+        numa: int = -1,
+        iommu_group: int | None = None,
+        linked: bool = True,
     ) -> Path:
+        """A PCI function's sysfs directory, linked from ``sys/bus/pci/devices`` (the hotplug discovery sees) unless
+        ``linked`` is false: then :meth:`link_pci` does that later."""
         d = self.root / "sys/devices/pci0000:00" / addr
         d.mkdir(parents=True)
         for name, text in {"vendor": vendor, "device": device, "class": klass, "numa_node": str(numa)}.items():
@@ -55,10 +64,15 @@ class FakeHost:
             g = self.root / f"sys/kernel/iommu_groups/{iommu_group}"
             g.mkdir(parents=True, exist_ok=True)
             (d / "iommu_group").symlink_to(os.path.relpath(g, d))
+        if linked:
+            self.link_pci(addr)
+        return d
+
+    def link_pci(self, addr: str) -> None:
+        d = self.root / "sys/devices/pci0000:00" / addr
         link = self.root / "sys/bus/pci/devices" / addr
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(d, link.parent))
-        return d
 
     def usb(
         self, name: str, vendor: str, product: str, serial: str | None = None, busdev: str = "001/002", numa: int = -1
