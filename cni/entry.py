@@ -79,13 +79,10 @@ def _handed(env: Mapping[str, str]) -> tuple[socket.socket, float] | None:
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             return None
-        waited = float(waited_text)
-    except (OSError, ValueError):
+    except OSError:
         return None
-    if not 0 <= waited < float("inf"):  # not what the launcher writes (NaN, negative, infinite): the wait is used up
-        waited = float("inf")
     os.set_inheritable(fd, False)
-    return socket.socket(fileno=fd), waited
+    return socket.socket(fileno=fd), thick.waited(waited_text)
 
 
 def _ask_agent(env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes] | None:

@@ -65,6 +65,17 @@ ENV_STDIN_FAILED = "NODEPLUG_CNI_STDIN_FAILED"  # the launcher could not read st
 LAUNCHER_ENV = (ENV_AGENT_FD, ENV_AGENT_WAITED, ENV_AGENT_TRIED, ENV_AGENT_LOST, ENV_STDIN_FAILED)
 
 
+def waited(text: str) -> float:
+    """Seconds the launcher already waited for the agent, from ``NODEPLUG_CNI_AGENT_WAITED``: a finite number >= 0 as
+    the launcher writes it, else (negative, NaN, infinite, not a number) the whole wait counts as used up (inf), so
+    the entry point never waits longer than ``agentTimeout`` in all."""
+    try:
+        value = float(text)
+    except ValueError:
+        return float("inf")
+    return value if 0 <= value < float("inf") else float("inf")
+
+
 def agent_timeout_ok(v: Any) -> bool:
     """``agentTimeout`` is a number of seconds above 0 and at most 60 (a bool is not a number here)."""
     return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v <= 60

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cni import commands, entry, netconf, skel, thick
+from cni import commands, entry, netconf, skel, thick, versions
 from cni.config import Config
 from cni.errors import CniError
 from cni.ipam.store import MemoryStore
@@ -198,15 +198,29 @@ def test_real_execs_answer_once(stdin: bytes) -> None:
 @settings(max_examples=400, deadline=None)
 @given(stdin=stdins)
 def test_the_config_parser_fails_only_with_spec_errors(stdin: bytes) -> None:
+    """Any bytes: a spec error (decode 6, version 1, invalid 7) naming the problem, or a config that is what the
+    bytes say: a JSON object whose name, supported cniVersion and socket the parsed config carries."""
     for command in ("ADD", "CHECK", "GC"):
         try:
-            skel.parse_conf(command, stdin)
+            conf = skel.parse_conf(command, stdin)
         except CniError as e:
             assert e.code in (1, 6, 7) and e.details
+            continue
+        raw = json.loads(stdin)
+        assert conf.raw == raw and conf.name == raw["name"] and conf.cni_version == raw["cniVersion"]
+        assert conf.cni_version in versions.SUPPORTED
+        given_type = raw.get("type")  # null reads as absent, as every optional field does
+        if isinstance(conf, BridgeConf):
+            assert conf.socket == (raw.get("socket") or thick.DEFAULT_SOCKET) and conf.socket.startswith("/")
+            assert 0 < conf.agent_timeout <= 60 and conf.type == ("nodeplug" if given_type is None else given_type)
+        else:  # nodeplug as another plugin's IPAM
+            assert raw["ipam"]["type"] == "nodeplug" and conf.type == (given_type or "") != "nodeplug"
     try:
-        netconf.parse(netconf.decode(stdin))
+        parsed = netconf.parse(netconf.decode(stdin))
     except CniError as e:
-        assert e.code in (6, 7)
+        assert e.code in (6, 7) and e.details
+    else:
+        assert parsed.raw == json.loads(stdin)
 
 
 # ---------------------------------------------------------------- the thick-mode framing
@@ -232,14 +246,37 @@ def test_a_reply_reads_back_exactly(code: int, stdout: bytes) -> None:
 
 @given(data=st.binary(max_size=200))
 def test_the_framing_refuses_garbage_with_its_own_error_only(data: bytes) -> None:
-    for parse in (
-        lambda: thick.parse_header(data[: thick.HEADER_SIZE]),
-        lambda: thick.parse_env(data),
-        lambda: thick.parse_reply_header(data[:5]),
-        lambda: thick.routes_here(data, "/run/nodeplug/cni.sock"),
-    ):
-        with contextlib.suppress(thick.ProtocolError):
-            parse()
+    """Any bytes: the framing's own error, or what the bytes say, exactly."""
+    with contextlib.suppress(thick.ProtocolError):
+        env_size, stdin_size = thick.parse_header(data[: thick.HEADER_SIZE])
+        assert data.startswith(thick.MAGIC) and len(data) >= thick.HEADER_SIZE
+        assert (env_size, stdin_size) == (int.from_bytes(data[4:8], "big"), int.from_bytes(data[8:12], "big"))
+    with contextlib.suppress(thick.ProtocolError):
+        env = thick.parse_env(data)
+        assert all(k.startswith("CNI_") for k in env)
+        assert thick.encode_env(env) == data or len(env) < data.count(b"\0")  # a repeated key: the last one wins
+    with contextlib.suppress(thick.ProtocolError):
+        code, size = thick.parse_reply_header(data[:5])
+        assert len(data) >= 5 and code == data[0] in (0, 1) and size == int.from_bytes(data[1:5], "big")
+        assert size <= thick.MAX_REPLY
+    assert thick.routes_here(data, "/run/nodeplug/cni.sock") in (True, False)
+
+
+@given(text=st.one_of(st.text(max_size=20), st.floats().map(str), st.sampled_from(["-inf", "-1e400", "nan", "-3"])))
+def test_the_launchers_wait_is_a_finite_number_or_all_of_it(text: str) -> None:
+    """NODEPLUG_CNI_AGENT_WAITED: what the launcher writes (a finite number >= 0) is taken as it is; anything else
+    uses the whole wait up, so the entry point never waits past agentTimeout (regression: -inf raised, -3 made it
+    wait 3 s longer)."""
+    got = thick.waited(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if 0 <= value < float("inf"):
+        assert got == value
+    else:
+        assert got == float("inf")
+    assert got >= 0
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -285,13 +284,12 @@ def test_a_nonsense_wait_from_the_environment_neither_crashes_nor_waits_longer(
     tmp_path: Path, fake_agent: Callable[[Callable[[socket.socket], None]], FakeAgent], waited: str
 ) -> None:
     """Regression: NODEPLUG_CNI_AGENT_WAITED=-inf raised OverflowError (no answer on stdout at all), and a negative
-    wait made the entry point wait longer than agentTimeout."""
+    wait made the entry point wait longer than agentTimeout (how long it waits is :func:`thick.waited`'s, whose
+    property is in test_cni_entry_properties.py)."""
     a = fake_agent(lambda c: None)
     stdin = json.dumps(ipam_only(tmp_path, a.path, agentTimeout=0.3)).encode()
-    started = time.monotonic()
     code, out = run_entry(handed_on(a.path, stdin, waited), stdin)
     assert code == 0 and out["ips"][0]["address"] == "10.60.0.2/24" and a.connections == 1
-    assert time.monotonic() - started < 2
 
 
 @pytest.mark.parametrize("fd", ["\u00b2", "99999999999999999999", "\u0663", "-1", "1"])
