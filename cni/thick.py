@@ -180,7 +180,9 @@ def routes_here(stdin: bytes, own_socket: str) -> bool:
 # ---------------------------------------------------------------- the Python client
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket (its timeout applies to each read); ProtocolError when the peer
+    closes first. Frames are read with it on either side: a reply here, a request in a stand-in agent."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -191,8 +193,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def read_reply(sock: socket.socket) -> tuple[int, bytes]:
-    code, size = parse_reply_header(_recv_exact(sock, REPLY_HEADER_SIZE))
-    return code, _recv_exact(sock, size)
+    code, size = parse_reply_header(recv_exact(sock, REPLY_HEADER_SIZE))
+    return code, recv_exact(sock, size)
 
 
 def connect(path: str, timeout: float) -> socket.socket | None:
@@ -237,7 +239,7 @@ def finish(
     its answer (see :func:`call`)."""
     try:
         sock.settimeout(ack_wait if ack_wait > 0 else 0.0)  # 0: only an answer already there
-        first = _recv_exact(sock, 1)
+        first = recv_exact(sock, 1)
         if first == NAK:
             sock.settimeout(reply_timeout)
             return read_reply(sock)

@@ -108,8 +108,8 @@ class StandIn:
 
     def _serve(self, conn: socket.socket) -> None:  # one connection at a time, on the listener's thread
         with conn:
-            env_size, stdin_size = thick.parse_header(thick._recv_exact(conn, thick.HEADER_SIZE))
-            env, stdin = thick.parse_body(thick._recv_exact(conn, env_size + stdin_size), env_size)
+            env_size, stdin_size = thick.parse_header(thick.recv_exact(conn, thick.HEADER_SIZE))
+            env, stdin = thick.parse_body(thick.recv_exact(conn, env_size + stdin_size), env_size)
             self.requests.append((env, stdin))
             self.behave(self, conn, env, stdin)
 

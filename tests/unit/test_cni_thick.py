@@ -207,8 +207,8 @@ def fake_agent(tmp_path: Path) -> Iterator[Callable[[Callable[[socket.socket], N
 
 
 def read_request(c: socket.socket) -> tuple[dict[str, str], bytes]:
-    env_size, stdin_size = thick.parse_header(thick._recv_exact(c, thick.HEADER_SIZE))
-    return thick.parse_body(thick._recv_exact(c, env_size + stdin_size), env_size)
+    env_size, stdin_size = thick.parse_header(thick.recv_exact(c, thick.HEADER_SIZE))
+    return thick.parse_body(thick.recv_exact(c, env_size + stdin_size), env_size)
 
 
 def take_on(c: socket.socket) -> None:
