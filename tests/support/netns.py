@@ -3,6 +3,7 @@ in): the nodes, switch and router of :mod:`support.clusterlab`, the control plan
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from support.host import sh
+
+CLONE_NEWNET = 0x40000000
 
 
 class Netns:
@@ -39,10 +42,10 @@ class Netns:
         if self._pool is None:
             fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
 
-            def enter() -> None:
-                from cni.dataplane.netns import _setns
-
-                _setns(fd)
+            def enter() -> None:  # this thread joins the namespace for good (setns(2), as ip netns exec does)
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {self.name}")
 
             self._pool = ThreadPoolExecutor(1, initializer=enter)
         return self._pool.submit(fn, *args).result()
