@@ -93,7 +93,9 @@ class VolumeManager:
         self.config = config
         self.root = root or Root()
         self.locks = OperationLocks()
-        self._space = threading.Lock()  # guards the reservations of creates and expansions in flight
+        # Free space is checked, held and recorded under this lock (see :meth:`reserve`); a reader holding it sees
+        # every volume counted once, as recorded or as held for a create in flight.
+        self.space = threading.Lock()
         self._reserved: dict[str, int] = {}
         self._in_flight = 0
         self.data_dir = self.root(config.data_dir)
@@ -362,8 +364,12 @@ class VolumeManager:
         except FailedPrecondition as e:  # not enabled, or not usable (e.g. btrfs.path is not btrfs): nothing here
             _log.warning("backend unavailable for GetCapacity", error=str(e))
             return 0
-        with self._space:
+        with self.space:
             return max(0, self._free(be))
+
+    def reserved(self, backend: str) -> int:
+        """Bytes of ``backend`` held for creates and expansions in flight (see :meth:`reserve`)."""
+        return self._reserved.get(backend, 0)
 
     def _full(self) -> bool:
         """True when ``max_volumes_per_node`` volumes are recorded or being created."""
@@ -372,7 +378,7 @@ class VolumeManager:
 
     def _free(self, be: Backend) -> int:
         """Bytes ``be`` can still give that neither recorded volumes nor creates in flight (:meth:`reserve`) may take;
-        call under ``self._space``."""
+        call under ``self.space``."""
         return be.free_bytes(self.store.list_volumes()[0]) - self._reserved.get(be.name, 0)
 
     @contextlib.contextmanager
@@ -385,7 +391,7 @@ class VolumeManager:
         the same lock, so no other create ever sees the volume counted twice (as recorded and as reserved) and is
         refused space that is there. Without a record (failure, or nothing to record) the hold ends with the body.
         """
-        with self._space:
+        with self.space:
             if count and self._full():
                 limit = self.config.max_volumes_per_node
                 raise ResourceExhausted(f"this node already holds {limit} volumes (csi.max_volumes_per_node)")
@@ -404,14 +410,14 @@ class VolumeManager:
                 held = False
 
         def record(write: Callable[[], object]) -> None:
-            with self._space:
+            with self.space:
                 write()
                 release()
 
         try:
             yield record
         finally:
-            with self._space:
+            with self.space:
                 release()
 
     def volume_condition(self, volume_id: str, quick: bool = False) -> Condition:

@@ -220,14 +220,13 @@ async def test_a_volume_being_recorded_is_never_counted_twice(
     seen: list[tuple[bool, int]] = []
 
     def write_under_the_lock(volume: Any) -> None:
-        space = ctl.manager._space
-        seen.append((space.locked(), ctl.manager._reserved.get("loopfile", 0)))  # held, and the bytes still held
+        seen.append((ctl.manager.space.locked(), ctl.manager.reserved("loopfile")))  # locked, the bytes still held
         write(volume)
 
     monkeypatch.setattr(store, "put_volume", write_under_the_lock)
     await ctl.stub.CreateVolume(create_req("first", size=32 * MIB, volume_capabilities=[cap(block=True)]))
     assert seen == [(True, 32 * MIB)]
-    assert ctl.manager._reserved.get("loopfile", 0) == 0  # released with the record, under the same lock
+    assert ctl.manager.reserved("loopfile") == 0  # released with the record, under the same lock
     assert ctl.manager.get_capacity({}) == 32 * MIB  # 64 MiB free, 32 MiB promised to the first volume (sparse)
 
 
