@@ -28,6 +28,7 @@ from support.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, w
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
 
 PORT = 7000
+HANG = 60  # bounds a hang: five agents and an API server share two cores with whatever else runs here
 
 
 class WhoAmI:
@@ -211,11 +212,11 @@ def test_a_node_without_podcidr_is_not_ready_and_add_says_why_until_it_gets_one(
     assert not n5.ns.ip("-j", "addr", "show", "dev", "nodeplug0", check=False).strip()  # nothing made on the host
     lab.api.ok("PATCH", "/api/v1/nodes/node-5", {"spec": {"podCIDRs": [n5.pod4, n5.pod6], "podCIDR": n5.pod4}},
                "application/merge-patch+json")  # fmt: skip
-    n5.wait_ready(30)
+    n5.wait_ready(HANG)
     pod5 = lab.add_pod(n5)
     try:
         assert pod5.ip4.startswith("10.244.5.") and pod5.ip6.startswith("fd44:0:0:5::")
-        wait_for("node-1 routes node-5's subnet", lambda: "10.244.5.0/24" in routes(lab.nodes[0]), timeout=5)
+        wait_for("node-1 routes node-5's subnet", lambda: "10.244.5.0/24" in routes(lab.nodes[0]), timeout=HANG)
         assert pings(lab.pods[0].ns, pod5.ip4) and pings(pod5.ns, lab.pods[3].ip6)
     finally:
         n5.cni("DEL", pod5.ns.name, pod5.cid)
@@ -224,51 +225,52 @@ def test_a_node_without_podcidr_is_not_ready_and_add_says_why_until_it_gets_one(
 # ---------------------------------------------------------------- following Node objects
 
 
-def test_node_added_changed_and_deleted_converge_within_a_second(lab: Lab) -> None:
+def test_node_added_changed_and_deleted_converge(lab: Lab) -> None:
+    """Each change of a Node object reaches the kernel (how fast is scripts/bench-cluster-network's business)."""
     n1 = lab.nodes[0]
     vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:00:61", "nodeplug.io/vtep-address": "192.168.78.61"}
-    t0 = time.monotonic()
     lab.api.node("fake-direct", ["10.244.60.0/24"], ["192.168.77.60"])
     lab.api.node("fake-vxlan", ["10.244.61.0/24", "fd44:0:0:61::/64"], ["192.168.78.61"], vtep)
-    wait_for("routes to both", lambda: {"10.244.60.0/24", "10.244.61.0/24"} <= set(routes(n1)), timeout=1.0)
+    wait_for("routes to both", lambda: {"10.244.60.0/24", "10.244.61.0/24"} <= set(routes(n1)), timeout=HANG)
     wait_for("fdb and neighbours", lambda: fdb(n1).get("02:00:00:00:00:61") == "192.168.78.61"
-             and neigh(n1).get("fd44:0:0:61::") == "02:00:00:00:00:61", timeout=1.0)  # fmt: skip
-    added = time.monotonic() - t0
+             and neigh(n1).get("fd44:0:0:61::") == "02:00:00:00:00:61", timeout=HANG)  # fmt: skip
     assert routes(n1)["10.244.60.0/24"]["gateway"] == "192.168.77.60"
     # changed: the peer's VTEP moves (a new MAC and underlay address)
-    t0 = time.monotonic()
     patch = {"metadata": {"annotations": {"nodeplug.io/vtep-mac": "02:00:00:00:00:62",
                                           "nodeplug.io/vtep-address": "192.168.78.62"}}}  # fmt: skip
     lab.api.ok("PATCH", "/api/v1/nodes/fake-vxlan", patch, "application/merge-patch+json")
     wait_for("the new VTEP", lambda: fdb(n1).get("02:00:00:00:00:62") == "192.168.78.62"
              and "02:00:00:00:00:61" not in fdb(n1) and neigh(n1).get("10.244.61.0") == "02:00:00:00:00:62",
-             timeout=1.0)  # fmt: skip
-    changed = time.monotonic() - t0
-    t0 = time.monotonic()
+             timeout=HANG)  # fmt: skip
     lab.api.ok("DELETE", "/api/v1/nodes/fake-direct")
     lab.api.ok("DELETE", "/api/v1/nodes/fake-vxlan")
     wait_for("all of it gone", lambda: not {"10.244.60.0/24", "10.244.61.0/24"} & set(routes(n1))
              and "02:00:00:00:00:62" not in fdb(n1) and "10.244.61.0" not in neigh(n1)
-             and "fd44:0:0:61::/64" not in routes(n1, 6), timeout=1.0)  # fmt: skip
-    deleted = time.monotonic() - t0
-    print(f"converged: add {added * 1000:.0f} ms, change {changed * 1000:.0f} ms, delete {deleted * 1000:.0f} ms")
+             and "fd44:0:0:61::/64" not in routes(n1, 6), timeout=HANG)  # fmt: skip
 
 
 # ---------------------------------------------------------------- restarts and outages
 
 
-def _ping_flood(src: Netns, dst: str, seconds: float) -> subprocess.Popen[str]:
+def _ping_flood(src: Netns, dst: str) -> subprocess.Popen[str]:
+    """Pings every 10 ms until :func:`_lost` stops it (at most :data:`HANG` seconds), a line per reply."""
     return subprocess.Popen(
-        ["ip", "netns", "exec", src.name, "ping", "-n", "-i", "0.01", "-w", str(seconds), "-W", "1", dst],
+        ["ip", "netns", "exec", src.name, "ping", "-n", "-i", "0.01", "-w", str(HANG), "-W", "1", dst],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
-def _lost(proc: subprocess.Popen[str]) -> tuple[int, int]:
+def _lost(proc: subprocess.Popen[str]) -> tuple[int, list[int]]:
+    """Stop a flood (SIGINT: ping prints its summary) and return (echo requests sent, those never answered); the
+    one still in flight when it was stopped is not lost."""
+    assert proc.poll() is None, "the flood ended before the restart was over"
+    proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
-    m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
+    m = re.search(r"(\d+) packets transmitted", out)
     assert m, out
-    return int(m.group(1)), int(m.group(1)) - int(m.group(2))
+    sent = int(m.group(1))
+    answered = {int(seq) for seq in re.findall(r"icmp_seq=(\d+) ", out)}
+    return sent, [seq for seq in range(1, sent) if seq not in answered]
 
 
 def test_agent_kill9_and_restart_loses_no_packet_and_removes_only_stale_entries(lab: Lab) -> None:
@@ -276,8 +278,8 @@ def test_agent_kill9_and_restart_loses_no_packet_and_removes_only_stale_entries(
     p1, p2, p4 = lab.pods[0], lab.pods[1], lab.pods[3]
     mac_before = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["address"]
     vx_index = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["ifindex"]
-    floods = [_ping_flood(p1.ns, p4.ip4, 12), _ping_flood(p1.ns, p2.ip6, 12), _ping_flood(p4.ns, p1.ip6, 12)]
-    time.sleep(1)
+    floods = [_ping_flood(p1.ns, p4.ip4), _ping_flood(p1.ns, p2.ip6), _ping_flood(p4.ns, p1.ip6)]
+    time.sleep(1)  # traffic flowing before the kill
     for node in (n1, n4):
         node.kill(signal.SIGKILL)
     # stale entries of "an earlier run" (a peer that left while the agent was down), and one that is not ours
@@ -289,12 +291,12 @@ def test_agent_kill9_and_restart_loses_no_packet_and_removes_only_stale_entries(
     for node in (n1, n4):
         node.start()
     for node in (n1, n4):
-        node.wait_ready(30)
+        node.wait_ready(HANG)
     wait_for("stale entries removed", lambda: "10.244.99.0/24" not in routes(n1) and "02:00:00:00:00:99" not in fdb(n1)
-             and "10.244.99.0" not in neigh(n1), timeout=10)  # fmt: skip
+             and "10.244.99.0" not in neigh(n1), timeout=HANG)  # fmt: skip
+    time.sleep(1)  # and after the restart
     results = [_lost(p) for p in floods]
-    assert all(lost == 0 for _, lost in results), f"(sent, lost) per flow: {results}"
-    assert all(sent > 500 for sent, _ in results), results
+    assert all(not lost for _, lost in results), f"(sent, sequence numbers lost) per flow: {results}"
     link = json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]
     assert (link["address"], link["ifindex"]) == (mac_before, vx_index)  # the very same device
     assert "10.244.98.0/24" in n1.ns.ip("route", "show", "proto", "static")  # not ours: left alone
@@ -310,13 +312,14 @@ def test_other_modes_after_a_config_reload(lab: Lab, mode: str) -> None:
         if mode == "vxlan":
             wait_for("every route over VXLAN", lambda: all(
                 len(routes(n)) == 4 and all(r["dev"] == "nodeplug.vx" for r in routes(n).values())
-                for n in lab.nodes[:4]), timeout=15)  # fmt: skip
+                for n in lab.nodes[:4]), timeout=HANG)  # fmt: skip
             assert all_pairs_connected(lab) == []
         else:
             wait_for("direct routes only, no VXLAN device", lambda: all(
                 {f"10.244.{m.index}.0/24" for m in segment if m is not n} <= set(routes(n))
                 and "10.244.4.0/24" not in routes(n) and all(r["dev"] == "eth0" for r in routes(n).values())
-                and not n.ns.ip("link", "show", "nodeplug.vx", check=False) for n in segment), timeout=15)  # fmt: skip
+                and not n.ns.ip("link", "show", "nodeplug.vx", check=False) for n in segment),
+                timeout=HANG)  # fmt: skip
             for a in lab.pods[:3]:
                 for b in lab.pods[:3]:
                     if a is not b:
@@ -326,7 +329,7 @@ def test_other_modes_after_a_config_reload(lab: Lab, mode: str) -> None:
     finally:
         for node in lab.nodes[:4]:
             node.write_config("auto")
-        wait_for("back to auto", lambda: all(len(routes(n)) == 4 for n in lab.nodes[:4]), timeout=15)
+        wait_for("back to auto", lambda: all(len(routes(n)) == 4 for n in lab.nodes[:4]), timeout=HANG)
     assert all_pairs_connected(lab) == []
 
 
@@ -335,11 +338,12 @@ def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) ->
     n1 = lab.nodes[0]
     lab.cp.stop("apiserver")
     try:
-        flood = _ping_flood(lab.pods[0].ns, lab.pods[3].ip4, 5)
-        wait_for("the agent notices", lambda: "API server unreachable" in n1.http("/readyz")[1], timeout=30)
+        flood = _ping_flood(lab.pods[0].ns, lab.pods[3].ip4)
+        wait_for("the agent notices", lambda: "API server unreachable" in n1.http("/readyz")[1], timeout=HANG)
         status, body = n1.http("/readyz")
         assert status == 200 and "routes kept" in body
-        assert _lost(flood)[1] == 0
+        time.sleep(1)  # traffic flowing while the agent knows the API server is away
+        assert _lost(flood)[1] == []
         assert all_pairs_connected(lab) == []
         # meanwhile, through a second API server on the same etcd, a Node joins
         other = lab.cp.start_apiserver("apiserver-b", 6444)
@@ -347,11 +351,11 @@ def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) ->
         lab.cp.stop("apiserver-b")
     finally:
         lab.cp.start_apiserver()
-    wait_for("node-1 routes the Node added while it was cut off", lambda: "10.244.70.0/24" in routes(n1), timeout=30)
+    wait_for("node-1 routes the Node added while it was cut off", lambda: "10.244.70.0/24" in routes(n1), timeout=HANG)
     wait_for("every agent reconnected", lambda: all("API server reachable" in n.http("/readyz")[1]
-                                                     for n in lab.nodes[:4]), timeout=30)  # fmt: skip
+                                                     for n in lab.nodes[:4]), timeout=HANG)  # fmt: skip
     lab.api.ok("DELETE", "/api/v1/nodes/late")
-    wait_for("and follows its deletion", lambda: "10.244.70.0/24" not in routes(n1), timeout=5)
+    wait_for("and follows its deletion", lambda: "10.244.70.0/24" not in routes(n1), timeout=HANG)
 
 
 # ---------------------------------------------------------------- RBAC: nothing wider than the own Node
@@ -421,9 +425,7 @@ def test_uninstall_removes_the_cluster_network_and_only_a_new_install_brings_it_
     readded = False
     try:
         assert n.cni("DEL", pod.ns.name, pod.cid)[0] == 0  # the workloads go first
-        started = time.monotonic()
         out = n.ns.exec(*cli, "--uninstall", timeout=120)
-        took = time.monotonic() - started
         assert "asked the running agent to remove the cluster network" in out and "the agent removed" in out, out
         assert nodeplugs(n) == {"routes": [], "vxlan": "", "bridge": "", "tables": [], "subnets": False}, out
         assert "10.244.97.0/24" in n.ns.ip("route", "show", "proto", "static")
@@ -433,25 +435,24 @@ def test_uninstall_removes_the_cluster_network_and_only_a_new_install_brings_it_
         assert "cluster network: uninstall requested" in n.log_tail(20000)
         # Node events do not bring it back (node-1 routes the new Node: the events flowed), nor does a restart
         lab.api.node("after-uninstall", ["10.244.80.0/24"], ["192.168.77.80"])
-        wait_for("node-1 routes the new Node", lambda: "10.244.80.0/24" in routes(lab.nodes[0]), timeout=5)
+        wait_for("node-1 routes the new Node", lambda: "10.244.80.0/24" in routes(lab.nodes[0]), timeout=HANG)
         n.kill(signal.SIGKILL)
         n.start()
-        wait_for("the restarted agent stays out", lambda: "removed from this node" in n.http("/readyz")[1], 30)
+        wait_for("the restarted agent stays out", lambda: "removed from this node" in n.http("/readyz")[1], HANG)
         time.sleep(1.0)
         assert nodeplugs(n) == {"routes": [], "vxlan": "", "bridge": "", "tables": [], "subnets": False}
         lab.api.ok("DELETE", "/api/v1/nodes/after-uninstall")
         # a fresh install withdraws the request: the agent takes the network up again
         out = n.ns.exec(*install)
         assert "withdrew the uninstall request" in out, out
-        n.wait_ready(15)
+        n.wait_ready(HANG)
         wait_for("routes, VXLAN device and masquerade table back", lambda: (h := nodeplugs(n))["routes"] ==
-                 have["routes"] and h["vxlan"] and h["tables"] and h["subnets"], timeout=5)  # fmt: skip
+                 have["routes"] and h["vxlan"] and h["tables"] and h["subnets"], timeout=HANG)  # fmt: skip
         code, result = n.cni("ADD", pod.ns.name, pod.cid)
         assert code == 0, result
         lab.pods[2] = Pod(n, pod.ns, pod.cid, result)
         readded = True
         assert all_pairs_connected(lab) == []
-        print(f"uninstall with the agent running: {took:.2f} s (install-cni start-up included)")
     finally:
         n.ns.ip("route", "del", "10.244.97.0/24", check=False)
         n.ns.exec("nft", "delete", "table", "inet", "lab-other", check=False)
@@ -460,7 +461,7 @@ def test_uninstall_removes_the_cluster_network_and_only_a_new_install_brings_it_
             if n.proc is None:
                 n.start()
             with contextlib.suppress(AssertionError):
-                n.wait_ready(15)
+                n.wait_ready(HANG)
             code, result = n.cni("ADD", pod.ns.name, pod.cid)
             if code == 0:
                 lab.pods[2] = Pod(n, pod.ns, pod.cid, result)

@@ -25,6 +25,8 @@ from cni.cluster.config import ClusterConfig
 from nodeplug import cli, cninetwork
 from nodeplug.paths import Root
 
+from support.wait import eventually
+
 RECORD = uninstall.Record("node-a", "4:4026531840", 110, "/var/lib/nodeplug/cluster/subnets.json", 42)
 
 
@@ -33,12 +35,15 @@ def test_the_lock_is_exclusive_and_passes_on_when_released(tmp_path: Path) -> No
     a, b = uninstall.Lock(path), uninstall.Lock(path)
     assert a.try_acquire() and a.try_acquire()  # taking it again while holding it is a no-op
     assert not b.try_acquire()
-    started = time.monotonic()
-    assert not b.acquire(0.2) and time.monotonic() - started >= 0.2
+    assert not b.acquire(0.2)  # a bounded wait for a held lock gives up
     a.write(RECORD)
     assert uninstall.read_record(path) == RECORD
-    a.release()
-    assert b.acquire(1.0) and b.read() == RECORD
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(b.acquire(60)))
+    waiter.start()
+    a.release()  # the waiter gets it
+    waiter.join(60)
+    assert got == [True] and b.read() == RECORD
     b.release()
 
 
@@ -154,19 +159,21 @@ def test_uninstall_asks_the_running_agent_and_waits_for_it(tmp_path: Path) -> No
     agent.write(uninstall.Record("node-a", "0:1", 110, str(root(cninetwork.DEFAULT_SUBNETS))))
     assert cninetwork.on_this_node(root) is False
 
+    released = threading.Event()
+
     def stand_down() -> None:
         while not uninstall.requested(root(uninstall.MARKER)):
             time.sleep(0.01)
-        time.sleep(0.2)
+        time.sleep(0.2)  # a while, during which install-cni must keep waiting
         agent.release()
+        released.set()
 
     t = threading.Thread(target=stand_down)
     t.start()
     said: list[str] = []
-    started = time.monotonic()
-    cninetwork.remove_cluster_network(root, said.append, timeout=5)
+    cninetwork.remove_cluster_network(root, said.append, timeout=60)
+    assert released.is_set()  # it returned only once the agent had stood down
     t.join()
-    assert time.monotonic() - started >= 0.2
     assert "asked the running agent" in said[0] and "another network namespace" in said[1], said
     assert uninstall.requested(root(uninstall.MARKER))  # until the next install
     cninetwork.withdraw_uninstall(root, said.append)
@@ -218,29 +225,26 @@ def _network(tmp_path: Path, kube: Any) -> Any:
                           lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
 
 
-def test_the_agent_takes_the_lock_records_what_it_manages_and_idles_while_the_api_is_away(tmp_path: Path) -> None:
+def test_the_agent_takes_the_lock_records_what_it_manages_and_waits_while_the_api_is_away(tmp_path: Path) -> None:
     """Until the first complete list of Nodes the agent changes nothing: it holds the lock (with its record) and
-    waits without spinning (the reconcile loop once polled with a zero timeout until the API server answered)."""
+    waits (that it waits without spinning, with the API server away, is scripts/bench-cluster-network's figure:
+    the reconcile loop once polled with a zero timeout until the API server answered)."""
 
-    async def run() -> tuple[float, uninstall.Record | None, tuple[bool, str]]:
+    async def run() -> tuple[uninstall.Record | None, tuple[bool, str]]:
         kube = _api_away(tmp_path)
         net = _network(tmp_path, kube)
         await net.start()
         try:
-            await asyncio.sleep(0.5)
-            cpu = time.process_time()
-            await asyncio.sleep(1.0)
-            cpu = time.process_time() - cpu
-            return cpu, uninstall.read_record(tmp_path / "lock"), net.readiness()
+            await eventually(lambda: net.watch.status.last_error != "", 60, "the API server's refusal")
+            return uninstall.read_record(tmp_path / "lock"), net.readiness()
         finally:
             await net.stop()
             assert not net.lock.held
             await kube.close()
 
-    cpu, record, (ready, detail) = asyncio.run(run())
+    record, (ready, detail) = asyncio.run(run())
     assert record is not None and (record.node, record.route_protocol) == ("node-a", 110)
     assert record.netns == uninstall.this_netns() and record.subnets_file == str(tmp_path / "subnets.json")
-    assert cpu < 0.3, f"{cpu:.2f} s of CPU in 1 s of waiting for the API server"
     assert not ready and "waiting for node node-a's podCIDRs" in detail
     assert uninstall.Lock(tmp_path / "lock").try_acquire()  # released on stop
 
