@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import stat
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,15 +131,13 @@ def pod_claim(cluster: Cluster, ns: str, pod: str) -> dict[str, Any]:
     return cluster.get("-n", ns, "resourceclaim", ref["resourceClaimName"])  # type: ignore[no-any-return]
 
 
-def test_a_new_device_node_is_in_the_slice_within_a_second(cluster: Cluster, devnodes: Callable[[], str]) -> None:
+def test_a_new_device_node_is_in_the_slice(cluster: Cluster, devnodes: Callable[[], str]) -> None:
+    """Hotplug reaches the API server (how fast: scripts/bench-dra, hotplug -> ResourceSlice)."""
     devnodes()  # the driver publishes; wait for a first state
     cluster.wait("the driver's slice", lambda: bool(slice_devices(cluster)), 60)
     path = devnodes()
-    t0 = time.monotonic()
-    wait_published(cluster, path, timeout=5)
-    took = time.monotonic() - t0  # includes one kubectl round trip (about 0.1 s here)
-    print(f"\nhotplug -> ResourceSlice (seen through kubectl): {took * 1000:.0f} ms")
-    assert took < 1.0
+    name = wait_published(cluster, path, timeout=60)
+    assert slice_devices(cluster)[name] == {"resource": "dratest", "kind": "node", "path": path}
 
 
 def test_a_pod_with_a_claim_template_sees_the_device(
@@ -173,7 +170,12 @@ def test_two_pods_one_device(cluster: Cluster, ns: str, devnodes: Callable[[], s
     cluster.apply(ns, template("only", path), claim_pod(cluster, "first", "only"))
     cluster.wait_running(ns, "first")
     cluster.apply(ns, claim_pod(cluster, "second", "only"))
-    time.sleep(10)  # long enough for the scheduler to have tried
+
+    def refused() -> bool:  # the scheduler tried, and found no device for its claim
+        conditions = cluster.get("-n", ns, "pod", "second")["status"].get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+    cluster.wait("the scheduler to refuse the second pod", refused, 120)
     second = cluster.get("-n", ns, "pod", "second")
     assert second["status"]["phase"] == "Pending", second["status"]
     cluster.kubectl("-n", ns, "delete", "pod", "first", "--wait=true", timeout=120)

@@ -10,7 +10,6 @@ import asyncio
 import json
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,8 @@ from support.netns import Netns
 from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
+
+HANG = 60  # bounds a hang; the real waits are a fraction of a second
 
 
 @pytest.fixture(scope="module")
@@ -107,32 +108,30 @@ def test_slices_follow_the_devices(cluster: Cluster, agent: Agent) -> None:
     agent.mknod("npw0")
     agent.mknod("npw1")
     agent.start()
-    devs = wait_for("slice with two devices", lambda: len(cluster.devices()) == 2 and cluster.devices(), timeout=20)
+    devs = wait_for("slice with two devices", lambda: len(cluster.devices()) == 2 and cluster.devices(), timeout=HANG)
     assert devs["widget-npw0"] == {"resource": "widget", "kind": "node", "path": "/dev/npw0"}
     (s,) = cluster.slices()
     assert s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == NODE
     assert s["metadata"]["ownerReferences"][0]["uid"] == cluster.node_uid
     gen = s["spec"]["pool"]["generation"]
 
-    t0 = time.monotonic()
-    agent.mknod("npw2")  # hotplug
-    wait_for("hotplugged device in the slice", lambda: "widget-npw2" in cluster.devices(), timeout=1.0, interval=0.005)
-    print(f"hotplug -> ResourceSlice: {(time.monotonic() - t0) * 1000:.0f} ms")
+    agent.mknod("npw2")  # hotplug (how fast the slice follows is scripts/bench-dra's business)
+    wait_for("hotplugged device in the slice", lambda: "widget-npw2" in cluster.devices(), timeout=HANG)
     assert cluster.slices()[0]["spec"]["pool"]["generation"] > gen
 
     (agent.host / "dev" / "npw0").unlink()
-    wait_for("removed device gone from the slice", lambda: "widget-npw0" not in cluster.devices(), timeout=1.0)
+    wait_for("removed device gone from the slice", lambda: "widget-npw0" not in cluster.devices(), timeout=HANG)
 
     # kubelet deletes a node's slices when it starts: they come back
     cluster.api.ok("DELETE", SLICES)
-    wait_for("slices published again", lambda: set(cluster.devices()) == {"widget-npw1", "widget-npw2"}, timeout=5)
+    wait_for("slices published again", lambda: set(cluster.devices()) == {"widget-npw1", "widget-npw2"}, timeout=HANG)
 
 
 def test_prepare_survives_a_restart_and_holds_the_device(cluster: Cluster, agent: Agent) -> None:
     agent.mknod("npw0")
     agent.mknod("npw1")
     agent.start()
-    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=20)
+    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=HANG)
     uid = make_claim(cluster, "c1", "widget-npw0")
     dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
     assert run(_listing(dp_sock)) == {"npw0": "Healthy", "npw1": "Healthy"}
@@ -160,13 +159,13 @@ def test_prepare_survives_a_restart_and_holds_the_device(cluster: Cluster, agent
     out = run(_dra(agent.dra_socket, "v1beta1", "unprepare", [(NS, "c1", uid)]))
     assert out.claims[uid].error == ""
     assert agent.claim_specs() == []
-    wait_for("device offered again", lambda: run(_listing(dp_sock))["npw0"] == "Healthy", timeout=5)
+    wait_for("device offered again", lambda: run(_listing(dp_sock))["npw0"] == "Healthy", timeout=HANG)
 
 
 def test_the_api_server_away(cluster: Cluster, agent: Agent) -> None:
     agent.mknod("npw0")
     agent.start()
-    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=HANG)
     uid = make_claim(cluster, "c2", "widget-npw0")
     assert run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c2", uid)])).claims[uid].error == ""
     uid3 = make_claim(cluster, "c3", "widget-npw0")
@@ -174,7 +173,7 @@ def test_the_api_server_away(cluster: Cluster, agent: Agent) -> None:
     cluster.cp.stop("apiserver")
     try:
         agent.mknod("npw1")
-        wait_for("device plugin sees the hotplug", lambda: "npw1" in run(_listing(dp_sock)), timeout=5)
+        wait_for("device plugin sees the hotplug", lambda: "npw1" in run(_listing(dp_sock)), timeout=HANG)
         again = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c2", uid), (NS, "c3", uid3)]))
         assert again.claims[uid].error == "" and again.claims[uid].devices[0].device_name == "widget-npw0"
         assert "cannot be read now" in again.claims[uid3].error
@@ -182,15 +181,15 @@ def test_the_api_server_away(cluster: Cluster, agent: Agent) -> None:
         assert agent.claim_specs() == []
     finally:
         cluster.api = start_apiserver(cluster.cp)
-    wait_for("slices catch up", lambda: set(cluster.devices()) == {"widget-npw0", "widget-npw1"}, timeout=30)
+    wait_for("slices catch up", lambda: set(cluster.devices()) == {"widget-npw0", "widget-npw1"}, timeout=HANG)
 
 
 def test_disabling_dra_removes_the_slices(cluster: Cluster, agent: Agent) -> None:
     agent.mknod("npw0")
     agent.start()
-    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=HANG)
     agent.write_config(enabled=False, offer="deviceplugin")
-    wait_for("slices removed", lambda: not cluster.slices(), timeout=10)
+    wait_for("slices removed", lambda: not cluster.slices(), timeout=HANG)
     assert not agent.dra_socket.exists()
 
 
@@ -198,7 +197,7 @@ def test_a_device_plugin_allocation_is_withheld_from_dra(cluster: Cluster, agent
     agent.mknod("npw0")
     agent.mknod("npw1")
     agent.start()
-    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=20)
+    wait_for("slice", lambda: len(cluster.devices()) == 2, timeout=HANG)
     dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
 
     async def allocate() -> Any:
@@ -207,7 +206,7 @@ def test_a_device_plugin_allocation_is_withheld_from_dra(cluster: Cluster, agent
             return await dp_grpc.DevicePluginStub(ch).Allocate(req, timeout=10)
 
     run(allocate())
-    wait_for("allocated device withheld from the slice", lambda: set(cluster.devices()) == {"widget-npw0"}, timeout=1)
+    wait_for("allocated device withheld from the slice", lambda: set(cluster.devices()) == {"widget-npw0"}, HANG)
     uid = make_claim(cluster, "c1", "widget-npw1")  # as from a slice read before the Allocate
     got = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid)])).claims[uid]
     assert "in use through the device plugin" in got.error and agent.claim_specs() == []
@@ -216,7 +215,7 @@ def test_a_device_plugin_allocation_is_withheld_from_dra(cluster: Cluster, agent
 def test_the_agent_may_write_only_its_own_nodes_slices(cluster: Cluster, agent: Agent) -> None:
     agent.mknod("npw0")
     agent.start()  # under the service account of daemonset/, with a token bound to its node
-    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=20)
+    wait_for("slice", lambda: len(cluster.devices()) == 1, timeout=HANG)
     other = cluster.api.node("dra-other", [], ["192.168.77.251"])["metadata"]
     as_agent = cluster.cp.client(token=cluster.token)  # closed with the control plane
     spec = {"driver": DRIVER, "nodeName": "dra-other", "pool": {"name": "dra-other", "generation": 1,
