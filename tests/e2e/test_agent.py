@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from support.agent import AgentProcess
+from support.wait import wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -47,9 +48,8 @@ def test_defaults_serve_every_plugin_and_stop_cleanly(agent: AgentProcess) -> No
         root / "run/nodeplug/cni.sock",
         root / "var/lib/kubelet/device-plugins/nodeplug-fuse.sock",
     ]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not all(p.exists() for p in expected):
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):  # which one is missing is said below
+        wait_for("every socket", lambda: all(p.exists() for p in expected), timeout=60)
     for p in expected:
         assert p.is_socket(), f"{p} missing; sockets: {sockets_under(root)}\n{agent.log.read_text()}"
         assert (p.stat().st_mode & 0o777) == 0o600, p
@@ -74,9 +74,7 @@ def test_bad_reload_keeps_the_running_config(agent: AgentProcess) -> None:
     good = cfg.read_text()
     cfg.write_text(good + "csi:\n  enabled: maybe\n")
     agent.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "new config rejected" not in agent.log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for("the reload refused", lambda: "new config rejected" in agent.log.read_text(), timeout=60)
     log = agent.log.read_text()
     assert "new config rejected" in log and "csi.enabled: input should be a valid boolean" in log
     assert get(agent.url("/healthz"))[0] == 200

@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 
 from support.agent import free_port
 from support.cniexec import exec_plugin
+from support.wait import running, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
@@ -52,11 +52,7 @@ class Agent:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
-        while not self.sock.is_socket():
-            assert self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, f"no {self.sock}:\n{self.log.read_text()}"
-            time.sleep(0.05)
+        wait_for(f"{self.sock}", lambda: running(self.proc, self.log) and self.sock.is_socket(), timeout=60)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from nodeplug.checks import CheckSkipped
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
+from support.wait import running, wait_for
+
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 
 _RUN = """
@@ -31,6 +32,7 @@ from cni.doctor import checks
 from nodeplug.checks import CheckSkipped
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
+
 
 async def main():
     out = {}
@@ -91,10 +93,7 @@ def test_doctor_with_agent_attaches_pings_and_frees(netns: Callable[[], str], tm
         )
     try:
         sock = root / "run/nodeplug/cni.sock"
-        deadline = time.monotonic() + 30
-        while not sock.is_socket():
-            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        wait_for("the agent's CNI socket", lambda: running(agent, log) and sock.is_socket(), timeout=60)
         # the doctor runs in the root netns: a netns it adds from inside `ip netns exec` (a private mount namespace)
         # would not be visible to the agent
         p = subprocess.run(

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pytest
 
 from support.podman import needs_podman
 from support.processes import stop
+from support.wait import running, wait_for
 
 pytestmark = [pytest.mark.e2e, *needs_podman]
 
@@ -219,13 +219,7 @@ def agent(podman: Podman) -> Iterator[Path]:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 30
-            while not podman.agent_socket.exists():
-                assert proc.poll() is None, f"the agent exited: {log_path.read_text()[-2000:]}"
-                assert time.monotonic() < deadline, (
-                    f"the agent did not serve its socket: {log_path.read_text()[-2000:]}"
-                )
-                time.sleep(0.05)
+            wait_for("the agent's socket", lambda: running(proc, log_path) and podman.agent_socket.exists(), 60)
             yield log_path
         finally:
             stop(proc, 15)

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from cni.cluster.subnets import NodeSubnets
 
 from support.cniexec import exec_plugin
 from support.processes import stop
+from support.wait import running, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -117,11 +117,7 @@ def agent(node: Node, tmp_path: Path) -> Iterator[tuple[Path, int]]:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            while not node.socket.exists():
-                assert proc.poll() is None, f"the agent exited: {log_path.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"no CNI socket: {log_path.read_text()[-3000:]}"
-                time.sleep(0.05)
+            wait_for("the agent's CNI socket", lambda: running(proc, log_path) and node.socket.exists(), timeout=60)
             yield log_path, proc.pid
         finally:
             stop(proc, 30)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -29,3 +31,11 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0, interva
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(interval)
+
+
+def running(proc: subprocess.Popen[Any], log: Path | None = None) -> bool:
+    """True while ``proc`` runs, for the checks of :func:`wait_for`; once it has exited, an AssertionError with the
+    end of its ``log``, so a wait for something it should make fails at once instead of at the timeout."""
+    if proc.poll() is not None:
+        raise AssertionError(f"exited with {proc.returncode}: {log.read_text()[-3000:] if log else ''}")
+    return True

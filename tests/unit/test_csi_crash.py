@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,8 @@ from csi.state import StateStore
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.paths import Root
 
+from support.wait import running, wait_for
+
 pytestmark = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="needs mkfs.ext4 (e2fsprogs)")
 
 CHILD = """
@@ -32,6 +33,7 @@ from csi.config import Config
 from csi.state import StateStore
 from csi.volumes import CapacityRange, VolumeManager
 from nodeplug.paths import Root
+
 root = Root(Path(sys.argv[1]))
 cfg = Config(node_id="n1")
 m = VolumeManager(StateStore(root(cfg.data_dir) / "state.db"), cfg, root=root)
@@ -43,11 +45,7 @@ for i in range(100000):
 
 def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 30.0) -> None:
     """Until ``path`` exists (the create in flight reached that step), polled finely: a step lasts milliseconds."""
-    deadline = time.monotonic() + timeout
-    while not os.path.lexists(path):
-        assert child.poll() is None, "the child stopped creating"
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.0005)
+    wait_for(f"{path.name} to appear", lambda: running(child) and os.path.lexists(path), timeout, interval=0.0005)
 
 
 @pytest.mark.parametrize("moment", ["announced", "building", "renamed"])
