@@ -193,8 +193,16 @@ async def test_operation_in_flight_is_aborted(d: Driver) -> None:
 
 
 async def test_unpublish_of_a_never_published_target_is_ok(d: Driver) -> None:
+    """Success (the RPC is idempotent) that made and removed nothing: no target, kubelet's directory left, and the
+    volume still stages and publishes there."""
     vid = (await d.create("pvc-never")).volume_id
-    await d.unpublish(vid, d.target(vid))
+    target = d.target(vid)
+    await d.unpublish(vid, target)
+    assert not target.exists() and target.parent.is_dir()
+    await d.stage(vid)
+    assert await d.publish(vid) == target and target.is_mount()
+    await d.unpublish(vid, target)
+    await d.unstage(vid)
 
 
 # ---------------------------------------------------------------- Identity
