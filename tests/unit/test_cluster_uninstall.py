@@ -235,7 +235,8 @@ def test_the_agent_takes_the_lock_records_what_it_manages_and_waits_while_the_ap
         net = _network(tmp_path, kube)
         await net.start()
         try:
-            await eventually(lambda: net.watch.status.last_error != "", 60, "the API server's refusal")
+            # the lock taken and the record written (role "managing"), the API server seen refusing
+            await eventually(lambda: net.role == "managing" and net.watch.status.last_error != "", 60, "both")
             return uninstall.read_record(tmp_path / "lock"), net.readiness()
         finally:
             await net.stop()
