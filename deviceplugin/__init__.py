@@ -11,5 +11,5 @@ Layers, each importing only those above it:
   change detection, reload; ``create`` for the agent shell), :mod:`doctor`;
 - the DRA driver: :mod:`deviceplugin.dra` (on the same resources, started by :mod:`plugin` when enabled).
 
-The tests' kubelet stand-in and fake host live with the tests (tests/support).
+The kubelet stand-in and fake host of the tests and the benchmark live in scripts/lab.
 """

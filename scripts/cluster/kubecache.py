@@ -5,8 +5,8 @@ a new directory; an unchanged one is never unpacked twice. Several processes may
 test sessions, cluster-up beside them): each writes a temporary file of its own in the target directory and renames
 it into place, so a reader sees no binary or a whole one, never a half-written one.
 
-Used by scripts/cluster (cluster-up) and by the tests (``tests/support/kubeassets.py`` loads this file by its path:
-the tests' package ``cluster`` shadows this one). Standard library only, and no import of the rest of
+Used by scripts/cluster (cluster-up) and by the tests and benchmarks (``scripts/lab/kubeassets.py`` loads this file
+by its path: the tests' package ``cluster`` shadows this one). Standard library only, and no import of the rest of
 scripts/cluster, so that it loads alone.
 """
 

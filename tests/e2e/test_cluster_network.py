@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from support.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
+from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support.cniexec import exec_plugin
+from lab.cniexec import exec_plugin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from lab.cniexec import exec_plugin
 from support.agent import free_port
-from support.cniexec import exec_plugin
 from support.wait import running, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates netns and links")]

@@ -14,7 +14,7 @@ import pytest
 
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
-from support.devicehost import alloc
+from lab.devicehost import alloc
 from support.dpharness import Harness, ids
 
 pytestmark = [

@@ -18,7 +18,7 @@ from deviceplugin import resource
 from deviceplugin.plugin import DevicePlugin
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 
-from support.devicehost import alloc
+from lab.devicehost import alloc
 from support.dpharness import Harness
 from support.wait import eventually
 

@@ -23,8 +23,8 @@ from nodeplug.config import ConfigError, parse
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
+from lab.devicehost import alloc
 from support.agent import free_port
-from support.devicehost import alloc
 from support.dpharness import Harness
 from support.wait import eventually
 

@@ -27,9 +27,9 @@ from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
-from support.controlplane import missing_assets
-from support.dralab import DRIVER, NODE, NS, SLICES, Agent, Cluster, make_claim, start_apiserver
-from support.netns import Netns
+from lab.controlplane import missing_assets
+from lab.dralab import DRIVER, NODE, NS, SLICES, Agent, Cluster, make_claim, start_apiserver
+from lab.netns import Netns
 from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]

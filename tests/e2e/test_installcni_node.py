@@ -24,7 +24,7 @@ import yaml
 from cni import thick
 from cni.cluster.subnets import NodeSubnets
 
-from support.cniexec import exec_plugin
+from lab.cniexec import exec_plugin
 from support.processes import stop
 from support.wait import running, wait_for
 

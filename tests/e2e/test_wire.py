@@ -24,8 +24,8 @@ from nodeplug.api.csi.v1 import csi_pb2
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2 as dp_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 
+from lab.kubelet import FakeKubelet
 from support.agent import AgentProcess
-from support.kubelet import FakeKubelet
 from support.wait import eventually
 from support.wire import MethodRecorder
 

@@ -20,7 +20,7 @@ from deviceplugin.policy import preferred
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2
 from nodeplug.paths import CDI_DIR
 
-from support.devicehost import FakeHost, alloc
+from lab.devicehost import FakeHost, alloc
 from support.dpharness import Harness
 
 

@@ -17,7 +17,7 @@ from deviceplugin.uevent import UeventMonitor
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
-from support.devicehost import short_tempdir
+from lab.devicehost import short_tempdir
 from support.wait import eventually
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: triggers kernel uevents, uses loop devices")

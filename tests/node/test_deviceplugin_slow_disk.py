@@ -23,7 +23,7 @@ from deviceplugin.plugin import create
 from nodeplug.kube import KubeClient, resolve
 from nodeplug.paths import PLUGINS_DIR
 
-from support.devicehost import alloc
+from lab.devicehost import alloc
 from support.dpharness import Harness, ids
 from support.slowdisk import SlowDisk
 from support.wait import eventually

@@ -1,8 +1,8 @@
 """The device plugin under a kubelet stand-in, as a pytest plugin (registered in tests/conftest.py).
 
 The ``dp`` fixture gives a :class:`Harness`: the plugin on a temporary agent root, a
-:class:`~support.kubelet.FakeKubelet` on that root's ``kubelet.sock`` (v1beta1 Registration from the generated stubs),
-and a :class:`~support.devicehost.FakeHost` (device nodes made with mknod as root, plain files otherwise; a fake sysfs
+:class:`~lab.kubelet.FakeKubelet` on that root's ``kubelet.sock`` (v1beta1 Registration from the generated stubs),
+and a :class:`~lab.devicehost.FakeHost` (device nodes made with mknod as root, plain files otherwise; a fake sysfs
 for PCI, USB and NUMA). After the test the plugin and the stand-in stop, and no asyncio task of theirs may be left.
 """
 
@@ -22,8 +22,8 @@ from deviceplugin.plugin import DevicePlugin, create
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
 
-from support.devicehost import FakeHost, short_tempdir
-from support.kubelet import Endpoint, FakeKubelet, Listing
+from lab.devicehost import FakeHost, short_tempdir
+from lab.kubelet import Endpoint, FakeKubelet, Listing
 
 
 class Harness:

@@ -1,51 +1,14 @@
-"""The Kubernetes binaries of ``KUBE_ASSETS`` for tests, through the one cache scripts/cluster-up uses.
-
-The implementation is ``scripts/cluster/kubecache.py`` (content-keyed, safe when several processes unpack at once),
-loaded here by its path: product scripts do not import from tests/, and the tests' own package ``cluster``
-(tests/cluster) would shadow ``scripts/cluster`` on the import path.
-"""
+"""The Kubernetes binaries of ``KUBE_ASSETS`` for tests (:mod:`lab.kubeassets`), skipping where one is absent."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from support.host import REPO
+from lab.kubeassets import absent, binary, kube_assets, kubecache
 
-
-def _load_kubecache() -> object:
-    spec = importlib.util.spec_from_file_location("nodeplug_kubecache", REPO / "scripts" / "cluster" / "kubecache.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kubecache: object = _load_kubecache()
-
-
-def kube_assets() -> Path:
-    """$KUBE_ASSETS, the folder of xz-compressed Kubernetes binaries; by default ../shared/kube beside the repository
-    (a relative value is taken from the repository too)."""
-    folder: Path = kubecache.assets_dir()  # type: ignore[attr-defined]
-    return folder
-
-
-def absent(*names: str) -> str:
-    """Why some of ``names`` cannot be had ("" when every ``NAME.xz`` is in :func:`kube_assets`)."""
-    missing = [n for n in names if not (kube_assets() / f"{n}.xz").is_file()]
-    if not missing:
-        return ""
-    listed = ", ".join(f"{n}.xz" for n in missing)
-    return f"{kube_assets()} lacks {listed}: set KUBE_ASSETS to the folder holding the Kubernetes binaries"
-
-
-def binary(name: str) -> Path:
-    """The binary ``name`` unpacked into the shared cache (once per content of ``name.xz``)."""
-    out: Path = kubecache.unpack(kube_assets() / f"{name}.xz")  # type: ignore[attr-defined]
-    return out
+__all__ = ["absent", "binary", "kube_assets", "kube_tool", "kubecache"]
 
 
 def kube_tool(name: str) -> Path:

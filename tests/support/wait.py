@@ -1,4 +1,5 @@
-"""Waiting in tests without sleeping a guessed time."""
+"""Waiting in tests without sleeping a guessed time (:func:`wait_for` is :mod:`lab.wait`'s, shared with the
+benchmarks)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lab.wait import wait_for
+
+__all__ = ["eventually", "running", "wait_for"]
+
 
 async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     """Wait until ``cond()`` holds, for state that announces no change (a file, a counter in the plugin): checked
@@ -18,19 +23,6 @@ async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s")
         await asyncio.sleep(0.005)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
-    """Poll ``check()`` from a thread (no event loop) until it returns something true, and return that; fail, naming
-    ``what``, after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
 
 
 def running(proc: subprocess.Popen[Any], log: Path | None = None) -> bool:

@@ -1,10 +1,10 @@
 """A real etcd + kube-apiserver in a network namespace of their own, and a small REST client that speaks to them from
-inside it: the control plane of the cluster-network lab (:mod:`support.clusterlab`) and of the DRA bench
-(:mod:`support.dralab`).
+inside it: the control plane of the cluster-network lab (:mod:`lab.clusterlab`) and of the DRA bench
+(:mod:`lab.dralab`).
 
 The apiserver listens on :data:`CP_ADDR`:6443 with RBAC on; the admin authenticates with a static token
 (:data:`ADMIN_TOKEN`), service accounts with keys made by openssl. The binaries come from ``KUBE_ASSETS`` through
-the one cache of :mod:`support.kubeassets`.
+the one cache of :mod:`lab.kubeassets`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from support import kubeassets
-from support.host import sh
-from support.netns import Netns
+from lab import kubeassets
+from lab.host import sh
+from lab.netns import Netns
 
 ADMIN_TOKEN = "nodeplug-lab-admin-" + "0" * 8
 CP_ADDR = "192.168.77.250"

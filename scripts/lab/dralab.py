@@ -1,6 +1,6 @@
 """The DRA driver's test bench, shared by tests/e2e/test_dra_api.py and scripts/bench-dra: a real kube-apiserver
 (DynamicResourceAllocation on, resource.k8s.io/v1beta1 served) and etcd in a network namespace of their own (the
-control plane of :mod:`support.controlplane`), daemonset/'s namespace, service account and dra.yaml applied, a
+control plane of :mod:`lab.controlplane`), daemonset/'s namespace, service account and dra.yaml applied, a
 Node, and the whole agent in that namespace on a temporary root, with a fake /dev of real device nodes and a token
 of the agent's service account bound to the Node (so RBAC and the admission policy apply)."""
 
@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from support.controlplane import CP_ADDR, Api, ControlPlane
-from support.host import REPO
-from support.netns import Netns
-from support.wait import wait_for
+from lab.controlplane import CP_ADDR, Api, ControlPlane
+from lab.host import REPO
+from lab.netns import Netns
+from lab.wait import wait_for
 
 NODE = "dra-node"
 DRIVER = "devices.nodeplug.io"

@@ -7,7 +7,7 @@ Topology (every object lives in namespaces made here; the machine's own network 
     far  192.168.78.0/24, fd78::/64   router (.254) <-> the routed node (.4 behind the router)
     out  203.0.113.0/24,  fd99::/64   router (.254) <-> "outside" (.10): a destination beyond the cluster
 
-etcd and kube-apiserver run in the control-plane netns (:mod:`support.controlplane`); the test talks to the API from
+etcd and kube-apiserver run in the control-plane netns (:mod:`lab.controlplane`); the test talks to the API from
 a thread that entered that netns. Each agent gets a service-account token bound to its own Node object
 (TokenRequest with ``boundObjectRef`` kind Node), so the RBAC and admission policy of ``daemonset/rbac.yaml`` are
 what it runs under. Pods are netns ADDed through each node's CNI entry point. :meth:`Lab.close` removes every
@@ -31,11 +31,11 @@ from typing import Any
 
 import yaml
 
-from support.cniexec import exec_plugin
-from support.controlplane import CP_ADDR, Api, ControlPlane, missing_assets
-from support.host import REPO
-from support.netns import Netns
-from support.wait import wait_for
+from lab.cniexec import exec_plugin
+from lab.controlplane import CP_ADDR, Api, ControlPlane, missing_assets
+from lab.host import REPO
+from lab.netns import Netns
+from lab.wait import wait_for
 
 __all__ = ["OUTSIDE", "Lab", "Netns", "Node", "Pod", "missing_assets", "wait_for"]
 

@@ -1,5 +1,5 @@
 """A network namespace for a lab, with a thread living in it for socket work (sockets keep the netns they are made
-in): the nodes, switch and router of :mod:`support.clusterlab`, the control plane of :mod:`support.controlplane`."""
+in): the nodes, switch and router of :mod:`lab.clusterlab`, the control plane of :mod:`lab.controlplane`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from support.host import sh
+from lab.host import sh
 
 CLONE_NEWNET = 0x40000000
 
