@@ -169,7 +169,7 @@ class ClusterNetwork:
                 self._full = True
             else:
                 assert ev.obj is not None
-                info = parse_node(ev.obj)
+                info = parse_node(ev.obj.to_dict())
                 if info is None:
                     continue
                 if ev.type == "DELETED":
@@ -178,8 +178,7 @@ class ClusterNetwork:
                     self.nodes[info.name] = info
                 if info.name == self.node:
                     self.own_seen = ev.type != "DELETED"
-                    meta = ev.obj.get("metadata")
-                    notes = meta.get("annotations") if isinstance(meta, dict) else None
+                    notes = ev.obj.metadata.annotations if ev.obj.metadata is not None else None
                     self.own_annotations = notes if isinstance(notes, dict) else {}
             if self.synced:
                 self._dirty.set()

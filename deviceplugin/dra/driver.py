@@ -28,13 +28,12 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from deviceplugin import health
 from deviceplugin.config import Resource
 from deviceplugin.discovery import Device
 from deviceplugin.dra import podresources
-from deviceplugin.dra.claims import ClaimError
+from deviceplugin.dra.claims import Claim, ClaimError
 from deviceplugin.dra.config import DraConfig
 from deviceplugin.dra.inventory import POLL_SECONDS, InventoryView
 from deviceplugin.dra.kubeapi import ClaimReader, served_version
@@ -71,7 +70,7 @@ class _Source:
     def __init__(self) -> None:
         self.reader: ClaimReader | None = None
 
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> Claim:
         if self.reader is None:
             raise ClaimError(
                 f"ResourceClaim {namespace}/{name} cannot be read yet: the API server has not been reached "

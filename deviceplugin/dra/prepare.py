@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from deviceplugin.config import Resource
 from deviceplugin.discovery import Device
 from deviceplugin.dra import claimcdi
-from deviceplugin.dra.claims import ClaimError, parse_claim
+from deviceplugin.dra.claims import Claim, ClaimError, parse_claim
 from deviceplugin.dra.names import NameError_, check_name, check_namespace, check_uid
 from deviceplugin.dra.store import ClaimStore, PreparedClaim, PreparedDevice
 from nodeplug.commands import CommandError
@@ -59,7 +59,7 @@ class Offered:
 
 
 class ClaimSource(Protocol):
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> Claim:
         """The ResourceClaim as the API server has it; :class:`ClaimError` when it cannot be had."""
 
 

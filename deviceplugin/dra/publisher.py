@@ -20,13 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-from lightkube.resources import resource_v1, resource_v1beta1
+from collections.abc import Callable, Sequence
 
 from deviceplugin.dra import slices
-from deviceplugin.dra.kubeapi import SliceWriter, node_uid
+from deviceplugin.dra.kubeapi import kinds, node_uid
 from nodeplug.kube import Backoff, KubeClient, KubeError, ListWatch
 from nodeplug.log import Logger
 
@@ -54,16 +51,15 @@ class SlicePublisher:
         self.log = log
         self.resync_seconds = resync_seconds
         self.backoff = backoff or Backoff(base=0.1, cap=10.0)
-        self.writer = SliceWriter(client, version)
-        resource = resource_v1.ResourceSlice if version == "v1" else resource_v1beta1.ResourceSlice
-        self.watch = ListWatch(
+        self.kind = kinds(version).slice
+        self.watch: ListWatch[slices.Slice] = ListWatch(
             client,
-            resource,
+            self.kind,
             field_selector=f"spec.nodeName={node},spec.driver={driver}",
             backoff=backoff,
             log=log,
         )
-        self.published: dict[str, Mapping[str, Any]] = {}  # name -> slice, from the watch and our own writes
+        self.published: dict[str, slices.Slice] = {}  # name -> slice, from the watch and our own writes
         self.synced = False
         self.generation = 0
         self.last_error = ""
@@ -155,10 +151,11 @@ class SlicePublisher:
                 name=have[i].name if i < len(have) else "",
                 resource_version=have[i].resource_version if i < len(have) else "",
             )
-            stored = await (self.writer.replace(obj) if i < len(have) else self.writer.create(obj))
-            self.published[str(stored["metadata"]["name"])] = stored
+            stored = await (self.client.replace(obj) if i < len(have) else self.client.create(obj))
+            if stored.metadata is not None and stored.metadata.name:
+                self.published[stored.metadata.name] = stored
         for extra in have[len(want) :]:
-            await self.writer.delete(extra.name)
+            await self.client.delete(self.kind, extra.name)
             self.published.pop(extra.name, None)
         self.log.info(
             "ResourceSlices updated",
@@ -169,13 +166,10 @@ class SlicePublisher:
 
     async def remove_all(self) -> None:
         """Delete every slice of this driver on this node (listed afresh: the watch may not have synced)."""
-        doc = await self.client.get_json(self.watch.path, self.watch.selectors)
-        names: set[str] = set()
-        for obj in doc.get("items") or ():
-            if isinstance(obj, dict) and (
-                o := slices.observe(obj, version=self.version, driver=self.driver, node=self.node)
-            ):
-                names.add(o.name)
+        mine = await self.client.list(self.kind, fields={"spec.nodeName": self.node, "spec.driver": self.driver})
+        names = {
+            o.name for s in mine if (o := slices.observe(s, version=self.version, driver=self.driver, node=self.node))
+        }
         for name in sorted(names | set(self.published)):
-            await self.writer.delete(name)
+            await self.client.delete(self.kind, name)
             self.published.pop(name, None)

@@ -16,9 +16,10 @@ as ``device.attributes["devices.nodeplug.io"].resource``):
   ``vendor``, ``product`` and ``serial``.
 
 A value the API would refuse (a string over 64 characters) is left out rather than cut, so a selector never matches
-a value the device does not have. ``resource.k8s.io`` v1beta1 nests a device's attributes under ``basic``; v1 (and
+a value the device does not have. Slices are lightkube's typed models of ``resource.k8s.io`` v1beta1 or v1 (written
+by :func:`slice_object`, read back by :func:`observe`); v1beta1 nests a device's attributes under ``basic``, v1 (and
 v1beta2) has them on the device itself: :func:`encode_device` and :func:`observed_devices` are the only places that
-know.
+know. The API types attributes as a free map: their values are read defensively.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
+
+from lightkube.models import resource_v1 as m1
+from lightkube.models import resource_v1beta1 as mb
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
+from lightkube.resources import resource_v1, resource_v1beta1
 
 MAX_DEVICES = 128  # per slice (ResourceSliceMaxDevices)
 MAX_ATTRIBUTES = 32  # attributes and capacities per device
 MAX_STRING = 64  # an attribute's string value
 
 AttrValue = str | int | bool
+Slice: TypeAlias = resource_v1.ResourceSlice | resource_v1beta1.ResourceSlice
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,11 @@ def _value(v: AttrValue) -> dict[str, AttrValue]:
     return {"string": v}
 
 
-def encode_device(d: SliceDevice, version: str) -> dict[str, Any]:
+def encode_device(d: SliceDevice, version: str) -> m1.Device | mb.Device:
     attrs = {k: _value(v) for k, v in d.attributes}
     if version == "v1beta1":
-        return {"name": d.name, "basic": {"attributes": attrs}}
-    return {"name": d.name, "attributes": attrs}
+        return mb.Device(name=d.name, basic=mb.BasicDevice(attributes=attrs))
+    return m1.Device(name=d.name, attributes=attrs)
 
 
 def slice_object(
@@ -103,30 +110,31 @@ def slice_object(
     devices: Sequence[SliceDevice],
     name: str = "",
     resource_version: str = "",
-) -> dict[str, Any]:
+) -> Slice:
     """A ResourceSlice of this node's pool (a new one, with a generated name, when ``name`` is empty)."""
-    meta: dict[str, Any] = {"labels": {"app.kubernetes.io/managed-by": "nodeplug"}}
-    if name:
-        meta["name"] = name
-    else:
-        meta["generateName"] = f"{node}-{driver}-"[-200:].lstrip("-.")
-    if resource_version:
-        meta["resourceVersion"] = resource_version
-    if node_uid:
-        meta["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
-        ]
-    return {
-        "apiVersion": f"resource.k8s.io/{version}",
-        "kind": "ResourceSlice",
-        "metadata": meta,
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [encode_device(d, version) for d in devices],
-        },
-    }
+    meta = ObjectMeta(
+        labels={"app.kubernetes.io/managed-by": "nodeplug"},
+        name=name or None,
+        generateName=None if name else f"{node}-{driver}-"[-200:].lstrip("-."),
+        resourceVersion=resource_version or None,
+        ownerReferences=[OwnerReference(apiVersion="v1", kind="Node", name=node, uid=node_uid, controller=True)]
+        if node_uid
+        else None,
+    )
+    api = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        pool_b = mb.ResourcePool(name=node, generation=generation, resourceSliceCount=count)
+        devs_b = [mb.Device(name=d.name, basic=mb.BasicDevice(attributes=_attrs(d))) for d in devices]
+        spec_b = mb.ResourceSliceSpec(driver=driver, nodeName=node, pool=pool_b, devices=devs_b)
+        return resource_v1beta1.ResourceSlice(apiVersion=api, kind="ResourceSlice", metadata=meta, spec=spec_b)
+    pool = m1.ResourcePool(name=node, generation=generation, resourceSliceCount=count)
+    devs = [m1.Device(name=d.name, attributes=_attrs(d)) for d in devices]
+    spec = m1.ResourceSliceSpec(driver=driver, nodeName=node, pool=pool, devices=devs)
+    return resource_v1.ResourceSlice(apiVersion=api, kind="ResourceSlice", metadata=meta, spec=spec)
+
+
+def _attrs(d: SliceDevice) -> dict[str, dict[str, AttrValue]]:
+    return {k: _value(v) for k, v in d.attributes}
 
 
 @dataclass(frozen=True)
@@ -153,49 +161,34 @@ def _attr(v: object) -> AttrValue | None:
     return None
 
 
-def observed_devices(devices: object, version: str) -> tuple[SliceDevice, ...] | None:
-    if not isinstance(devices, list):
-        return None
+def observed_devices(devices: Sequence[m1.Device | mb.Device] | None, version: str) -> tuple[SliceDevice, ...] | None:
     out = []
-    for d in devices:
-        if not isinstance(d, Mapping) or not isinstance(d.get("name"), str):
-            return None
-        holder = d.get("basic") if version == "v1beta1" else d
-        attrs = holder.get("attributes") if isinstance(holder, Mapping) else None
-        if attrs is None:
-            attrs = {}
-        if not isinstance(attrs, Mapping):
-            return None
+    for d in devices or ():
+        if isinstance(d, mb.Device) != (version == "v1beta1"):
+            return None  # a device of the other version's shape
+        attrs = (d.basic.attributes if d.basic is not None else None) if isinstance(d, mb.Device) else d.attributes
         pairs = []
-        for k, v in attrs.items():
+        for k, v in (attrs or {}).items():
             value = _attr(v)
             if not isinstance(k, str) or value is None:
                 return None
             pairs.append((k, value))
-        out.append(SliceDevice(d["name"], tuple(sorted(pairs))))
+        out.append(SliceDevice(d.name, tuple(sorted(pairs))))
     return tuple(out)
 
 
-def observe(obj: Mapping[str, Any], *, version: str, driver: str, node: str) -> Observed | None:
+def observe(obj: Slice, *, version: str, driver: str, node: str) -> Observed | None:
     """The slice as published, or None when it is not this driver's slice for this node's pool."""
-    meta, spec = obj.get("metadata"), obj.get("spec")
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+    meta, spec = obj.metadata, obj.spec
+    if meta is None or spec.driver != driver or spec.nodeName != node or not meta.name:
         return None
-    if spec.get("driver") != driver or spec.get("nodeName") != node:
-        return None
-    name, rv = meta.get("name"), meta.get("resourceVersion")
-    if not isinstance(name, str) or not name:
-        return None
-    pool = spec.get("pool")
-    gen = pool.get("generation") if isinstance(pool, Mapping) else None
-    count = pool.get("resourceSliceCount") if isinstance(pool, Mapping) else None
-    good_pool = isinstance(pool, Mapping) and pool.get("name") == node
+    good_pool = spec.pool.name == node
     return Observed(
-        name=name,
-        resource_version=rv if isinstance(rv, str) else "",
-        generation=gen if isinstance(gen, int) and not isinstance(gen, bool) else -1,
-        count=count if isinstance(count, int) and not isinstance(count, bool) else -1,
-        devices=observed_devices(spec.get("devices"), version) if good_pool else None,
+        name=meta.name,
+        resource_version=meta.resourceVersion or "",
+        generation=spec.pool.generation,
+        count=spec.pool.resourceSliceCount,
+        devices=observed_devices(spec.devices, version) if good_pool else None,
     )
 
 

@@ -17,8 +17,12 @@ resourceVersion:
   delivers nothing, not even a bookmark, for longer than its timeout is taken for a dead connection and restarted.
 
 The iterator never ends by itself; cancel the task that consumes it. :attr:`ListWatch.status` tells whether the
-API is reachable now, when the collection was last in sync, and the last error (for ``/readyz`` and logs). Objects
-are plain dicts as the API server sent them, keyed by ``namespace/name`` (``name`` for cluster-scoped kinds).
+API is reachable now, when the collection was last in sync, and the last error (for ``/readyz`` and logs).
+
+Objects are the kind's lightkube model (``ListWatch(client, Node)`` yields ``lightkube.resources.core_v1.Node``),
+decoded here and checked against the kind's schema, keyed by ``namespace/name`` (``name`` for cluster-scoped kinds).
+An object the API server sends in another shape is not one the agent can use: it is logged once per version and
+counts as absent (DELETED, with its last good state, if it had one), while the others of the list go on.
 """
 
 from __future__ import annotations
@@ -28,22 +32,25 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
+import msgspec
 from lightkube.core.resource import Resource
 
-from nodeplug.kube.client import KubeApiError, KubeClient, KubeError, KubeUnavailable, resource_path
+from nodeplug.kube.client import KubeApiError, KubeClient, KubeError, KubeUnavailable, decode, resource_path
 from nodeplug.log import Logger, get_logger
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 PAGE_SIZE = 500
 
+R = TypeVar("R", bound=Resource)
+
 
 @dataclass(frozen=True)
-class Event:
+class Event(Generic[R]):
     type: EventType
     key: str = ""  # namespace/name; "" for SYNCED
-    obj: Mapping[str, Any] | None = None  # the object (its last known state for DELETED); None for SYNCED
+    obj: R | None = None  # the object (its last known state for DELETED); None for SYNCED
 
 
 @dataclass(frozen=True)
@@ -89,25 +96,31 @@ def _rv(obj: Mapping[str, Any]) -> str:
     return rv if isinstance(rv, str) else ""
 
 
-def diff(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]) -> list[Event]:
+def version_of(obj: Resource) -> str:
+    """The object's resourceVersion ("" when it has none)."""
+    meta = getattr(obj, "metadata", None)
+    return (meta.resourceVersion or "") if meta is not None else ""
+
+
+def diff(old: Mapping[str, R], new: Mapping[str, R]) -> list[Event[R]]:
     """The events that turn the collection ``old`` into ``new`` (keys -> objects), deletions first."""
-    events = [Event("DELETED", k, obj) for k, obj in old.items() if k not in new]
+    events: list[Event[R]] = [Event("DELETED", k, obj) for k, obj in old.items() if k not in new]
     for k, obj in new.items():
         before = old.get(k)
         if before is None:
             events.append(Event("ADDED", k, obj))
-        elif _rv(before) != _rv(obj) or not _rv(obj):
+        elif version_of(before) != version_of(obj) or not version_of(obj):
             events.append(Event("MODIFIED", k, obj))
     return events
 
 
-class ListWatch:
+class ListWatch(Generic[R]):
     """Follow one collection (see the module docstring)."""
 
     def __init__(
         self,
         client: KubeClient,
-        resource: type[Resource],
+        resource: type[R],
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
@@ -118,6 +131,7 @@ class ListWatch:
         log: Logger | None = None,
     ) -> None:
         self.client = client
+        self.resource = resource
         self.path = resource_path(resource, namespace=namespace)
         self.kind = resource.__name__
         self.selectors = {
@@ -127,11 +141,24 @@ class ListWatch:
         self.watch_seconds = watch_seconds
         self.page_size = page_size
         self.log = log or get_logger("kube", kind=self.kind)
-        self.cache: dict[str, Mapping[str, Any]] = {}
+        self.cache: dict[str, R] = {}
         self.resource_version = ""
         self.status = WatchStatus()
+        self._refused: dict[str, str] = {}  # key -> the resourceVersion of the object last refused (logged once)
 
-    async def events(self) -> AsyncIterator[Event]:
+    def _decode(self, key: str, raw: Mapping[str, Any]) -> R | None:
+        """The object as its model; None (said once per version) when it is not of the kind's schema."""
+        try:
+            obj = decode(raw, self.resource)
+        except msgspec.ValidationError as e:
+            if self._refused.get(key) != _rv(raw):
+                self._refused[key] = _rv(raw)
+                self.log.warning("an object not of its kind's schema: taken as absent", key=key, error=str(e))
+            return None
+        self._refused.pop(key, None)
+        return obj
+
+    async def events(self) -> AsyncIterator[Event[R]]:
         failures = 0
         while True:
             try:
@@ -156,8 +183,8 @@ class ListWatch:
                 level("API request failed; retrying", error=str(e), attempt=failures, delay=round(delay, 2))
                 await asyncio.sleep(delay)
 
-    async def _relist(self) -> AsyncIterator[Event]:
-        items: dict[str, Mapping[str, Any]] = {}
+    async def _relist(self) -> AsyncIterator[Event[R]]:
+        items: dict[str, R] = {}
         params = {**self.selectors, "limit": str(self.page_size)}
         while True:
             try:
@@ -169,8 +196,8 @@ class ListWatch:
                     continue
                 raise
             self._contact()
-            for obj in page.get("items") or ():
-                if isinstance(obj, dict) and (key := object_key(obj)):
+            for raw in page.get("items") or ():
+                if isinstance(raw, dict) and (key := object_key(raw)) and (obj := self._decode(key, raw)):
                     items[key] = obj
             meta = page.get("metadata") if isinstance(page.get("metadata"), dict) else {}
             token = meta.get("continue") if isinstance(meta, dict) else None
@@ -188,7 +215,7 @@ class ListWatch:
             yield ev
         yield Event("SYNCED")
 
-    async def _watch(self) -> AsyncIterator[Event]:
+    async def _watch(self) -> AsyncIterator[Event[R]]:
         seconds = random.randint(*self.watch_seconds)
         params = {
             **self.selectors,
@@ -213,27 +240,30 @@ class ListWatch:
         if not lines and time.monotonic() - started < 1.0:  # ended at once: never spin on a server that does that
             raise KubeUnavailable(f"watch {self.path}: the server ended it at once")
 
-    def _apply(self, line: Mapping[str, Any]) -> Event | None:
-        kind, obj = line.get("type"), line.get("object")
-        if not isinstance(obj, dict):
+    def _apply(self, line: Mapping[str, Any]) -> Event[R] | None:
+        kind, raw = line.get("type"), line.get("object")
+        if not isinstance(raw, dict):
             return None
         if kind == "ERROR":
-            if obj.get("code") == 410:
+            if raw.get("code") == 410:
                 raise _Gone
-            raise KubeApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""), str(obj.get("message") or ""))
-        rv = _rv(obj)
+            raise KubeApiError(int(raw.get("code") or 500), str(raw.get("reason") or ""), str(raw.get("message") or ""))
+        rv = _rv(raw)
         if rv:
             self.resource_version = rv
         if kind == "BOOKMARK":
             return None
-        key = object_key(obj)
+        key = object_key(raw)
         if not key or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return None
-        if kind == "DELETED":
-            self.cache.pop(key, None)
-            return Event("DELETED", key, obj)
+        obj = self._decode(key, raw) if kind != "DELETED" else None
+        if kind == "DELETED" or obj is None:  # gone, or no longer of a shape the agent can use
+            before = self.cache.pop(key, None)
+            last = (self._decode(key, raw) if kind == "DELETED" else None) or before
+            return Event("DELETED", key, last) if last is not None else None
+        known = key in self.cache
         self.cache[key] = obj
-        return Event("ADDED" if kind == "ADDED" else "MODIFIED", key, obj)
+        return Event("MODIFIED" if known or kind == "MODIFIED" else "ADDED", key, obj)
 
     def _contact(self) -> None:
         self.status.last_contact = time.monotonic()

@@ -3,12 +3,13 @@ refused whole only when malformed; the claim source is a dict (pure logic behind
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from lightkube.resources.resource_v1beta1 import ResourceClaim
 
 from deviceplugin.config import Resource
 from deviceplugin.discovery import Device, DeviceNode
@@ -31,14 +32,15 @@ RES = Resource(name="fuse", devices=["/dev/fuse"], offer="dra")
 
 
 class Source:
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         if name != "c1":
             raise ClaimError(f"ResourceClaim {namespace}/{name} not found")
         result = {"request": "r", "driver": DRIVER, "pool": "n1", "device": "fuse-fuse"}
-        return {
+        return ResourceClaim.from_dict({
             "metadata": {"namespace": namespace, "name": name, "uid": UID},
+            "spec": {},
             "status": {"allocation": {"devices": {"results": [result]}}},
-        }
+        })  # fmt: skip
 
 
 class Devices:

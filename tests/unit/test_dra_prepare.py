@@ -7,11 +7,12 @@ import asyncio
 import json
 import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube.resources.resource_v1beta1 import ResourceClaim
 
 from deviceplugin.config import Resource
 from deviceplugin.discovery import Device, DeviceNode
@@ -43,17 +44,18 @@ class FakeSource:
         self.claims: dict[tuple[str, str], Any] = {}
         self.reads = 0
 
-    def add(self, ns: str, name: str, uid: str, devices: list[str], admin: bool = False) -> None:
+    def add(self, ns: str, name: str, uid: str, devices: list[str], admin: bool = False, pool: str = POOL) -> None:
         results = [
-            {"request": "r", "driver": DRIVER, "pool": POOL, "device": d, **({"adminAccess": True} if admin else {})}
+            {"request": "r", "driver": DRIVER, "pool": pool, "device": d, **({"adminAccess": True} if admin else {})}
             for d in devices
         ]
-        self.claims[(ns, name)] = {
+        self.claims[(ns, name)] = ResourceClaim.from_dict({
             "metadata": {"namespace": ns, "name": name, "uid": uid},
+            "spec": {},
             "status": {"allocation": {"devices": {"results": results}}},
-        }
+        })  # fmt: skip
 
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         self.reads += 1
         if (namespace, name) not in self.claims:
             raise ClaimError(f"ResourceClaim {namespace}/{name} not found")
@@ -214,8 +216,7 @@ async def test_other_pool_uid_and_missing_claim(env: Any) -> None:
         await p.prepare(ClaimRef("ns", "c1", UID1))
     with pytest.raises(PrepareError, match="not found"):
         await p.prepare(ClaimRef("ns", "gone", UID1))
-    env.source.add("ns", "c3", UID1, ["fuse-fuse"])
-    env.source.claims[("ns", "c3")]["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-2"
+    env.source.add("ns", "c3", UID1, ["fuse-fuse"], pool="node-2")
     with pytest.raises(PrepareError, match="not this node's"):
         await p.prepare(ClaimRef("ns", "c3", UID1))
 

@@ -14,7 +14,18 @@ import pytest
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.resources.resource_v1beta1 import ResourceSlice
 
-from nodeplug.kube import Backoff, Event, KubeClient, KubeConfigError, ListWatch, node_name, resolve, resource_path
+from nodeplug.kube import (
+    Backoff,
+    Event,
+    KubeApiError,
+    KubeClient,
+    KubeConfigError,
+    KubeUnavailable,
+    ListWatch,
+    node_name,
+    resolve,
+    resource_path,
+)
 from nodeplug.kube.watch import diff
 
 KUBECONFIG = """
@@ -81,9 +92,13 @@ def node(name: str, rv: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "resourceVersion": rv}}
 
 
+def typed(name: str, rv: str) -> Node:
+    return Node.from_dict(node(name, rv))
+
+
 def test_diff_reports_deletions_additions_and_changes() -> None:
-    old = {"a": node("a", "1"), "b": node("b", "2"), "c": node("c", "3")}
-    new = {"b": node("b", "2"), "c": node("c", "9"), "d": node("d", "10")}
+    old = {"a": typed("a", "1"), "b": typed("b", "2"), "c": typed("c", "3")}
+    new = {"b": typed("b", "2"), "c": typed("c", "9"), "d": typed("d", "10")}
     assert [(e.type, e.key) for e in diff(old, new)] == [("DELETED", "a"), ("MODIFIED", "c"), ("ADDED", "d")]
 
 
@@ -123,12 +138,12 @@ def nodelist(rv: str, *items: dict[str, Any], cont: str = "") -> dict[str, Any]:
     return {"kind": "NodeList", "metadata": meta, "items": list(items)}
 
 
-async def collect(script: Script, n: int, check: Callable[[ListWatch], None] | None = None) -> list[Event]:
+async def collect(script: Script, n: int, check: Callable[[ListWatch[Node]], None] | None = None) -> list[Event[Node]]:
     src = resolve(None, env={"KUBECONFIG": str(_kubeconfig())})
     assert src is not None
     client = KubeClient(src, transport=httpx2.MockTransport(script))
     lw = ListWatch(client, Node, backoff=Backoff(0.001, 0.002), watch_seconds=(5, 5), page_size=2)
-    out: list[Event] = []
+    out: list[Event[Node]] = []
     try:
         async with asyncio.timeout(5):
             async for ev in lw.events():
@@ -178,7 +193,7 @@ async def test_listwatch_resumes_after_bookmark_and_relists_on_gone_reporting_de
         ],
     )
 
-    def check(lw: ListWatch) -> None:
+    def check(lw: ListWatch[Node]) -> None:
         assert set(lw.cache) == {"b", "c"} and lw.resource_version == "30" and lw.status.relists == 2
 
     events = await collect(script, 6, check)
@@ -193,3 +208,55 @@ async def test_listwatch_backs_off_on_errors_and_relists_on_410_status() -> None
     script = Script(lists=[500, 429, nodelist("5", node("a", "1")), nodelist("8")], watches=[410])
     events = await collect(script, 4)
     assert [(e.type, e.key) for e in events] == [("ADDED", "a"), ("SYNCED", ""), ("DELETED", "a"), ("SYNCED", "")]
+
+
+async def test_listwatch_yields_typed_objects_and_takes_one_of_another_shape_as_absent() -> None:
+    """Objects are the kind's model, checked against its schema at the edge; an object sent in another shape is
+    refused alone (the rest of the list goes on) and counts as absent: DELETED, with its last good state."""
+    bad_b = {"metadata": {"name": "b", "resourceVersion": "3"}, "spec": {"podCIDRs": "10.244.0.0/24"}}
+    good_b = {"metadata": {"name": "b", "resourceVersion": "2"}, "spec": {"podCIDRs": ["10.244.1.0/24"]}}
+    script = Script(
+        lists=[nodelist("10", node("a", "1"), good_b, {"metadata": {"name": "c", "uid": 7}})],
+        watches=[[{"type": "MODIFIED", "object": bad_b}, {"type": "ADDED", "object": node("d", "11")}]],
+    )
+    events = await collect(script, 5)
+    assert [(e.type, e.key) for e in events] == [
+        ("ADDED", "a"), ("ADDED", "b"), ("SYNCED", ""), ("DELETED", "b"), ("ADDED", "d"),
+    ]  # fmt: skip
+    assert all(isinstance(e.obj, Node) for e in events if e.type != "SYNCED")
+    deleted = events[3].obj
+    assert deleted is not None and deleted.spec is not None and deleted.spec.podCIDRs == ["10.244.1.0/24"]
+
+
+async def test_typed_requests_map_every_failure_to_one_error_tree() -> None:
+    """The one mapping: an error status is KubeApiError (code, reason, message), no answer or an answer not of the
+    kind's schema is KubeUnavailable naming the request; deleting what is gone is no error."""
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        name = request.url.path.rsplit("/", 1)[-1]
+        if name == "gone":
+            return httpx2.Response(404, json={"kind": "Status", "code": 404, "reason": "NotFound", "message": "no"})
+        if name == "odd":
+            return httpx2.Response(200, json={"kind": "Node", "metadata": {"name": 7}})
+        if name == "away":
+            raise httpx2.ConnectError("refused", request=request)
+        return httpx2.Response(200, json={"kind": "Node", "metadata": {"name": name, "uid": "u1"}})
+
+    src = resolve(None, env={"KUBECONFIG": str(_kubeconfig())})
+    assert src is not None
+    client = KubeClient(src, transport=httpx2.MockTransport(answer))
+    try:
+        got = await client.get(Node, "n1")
+        assert isinstance(got, Node) and got.metadata is not None and got.metadata.uid == "u1"
+        with pytest.raises(KubeApiError) as e:
+            await client.get(Node, "gone")
+        assert (e.value.code, e.value.reason, e.value.message) == (404, "NotFound", "no")
+        with pytest.raises(KubeUnavailable, match="get Node odd: the answer is not of the kind's schema"):
+            await client.get(Node, "odd")
+        with pytest.raises(KubeUnavailable, match="get Node away: ConnectError"):
+            await client.get(Node, "away")
+        await client.delete(Node, "gone")  # gone already: what was asked
+        with pytest.raises(KubeUnavailable):
+            await client.delete(Node, "away")
+    finally:
+        await client.close()
