@@ -163,6 +163,21 @@ def with_signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def restart(state: State, name: str, grace: float = 10) -> int:
+    """Stop the daemon ``name`` (SIGTERM, SIGKILL after ``grace`` seconds) and start it again with the very command
+    line and environment it ran with (read from /proc), as a node's service manager restarts it; the new pid."""
+    pids = state.data.get("pids", {})
+    pid = pids.get(name) if isinstance(pids, dict) else None
+    if not isinstance(pid, int) or not alive(pid):
+        raise ClusterError(f"{name} is not running in this cluster")
+    proc = Path(f"/proc/{pid}")
+    argv: list[str | Path] = [a.decode() for a in proc.joinpath("cmdline").read_bytes().split(b"\0") if a]
+    env = dict(e.decode().partition("=")[::2] for e in proc.joinpath("environ").read_bytes().split(b"\0") if e)
+    log(f"restarting {name}")
+    stop(pid, grace)
+    return start(state, name, argv, env)
+
+
 # ---------------------------------------------------------------- control plane
 
 

@@ -1,10 +1,22 @@
-"""A kubelet stand-in for the tests and the benchmark: the ``Registration`` service on ``kubelet.sock``.
+"""A stand-in for kubelet's device manager, for the device-plugin tests and the benchmark: the ``Registration``
+service on ``kubelet.sock``.
 
-It does what kubelet's device manager does with a registering plugin: checks the request as kubelet does, dials the
-plugin's socket (``<plugin dir>/<endpoint>``), reads ``GetDevicePluginOptions`` and keeps a ``ListAndWatch`` stream
-open, recording every listing it receives. Tests then call Allocate / GetPreferredAllocation through the endpoint's
-``stub``. :meth:`FakeKubelet.restart` behaves like a kubelet restart: stop, wipe the directory, serve a new
-``kubelet.sock``. Waiting is event-driven: every registration, listing and stream end wakes the waiters.
+A registering plugin is dialled at ``<plugin dir>/<endpoint>``: the stand-in reads ``GetDevicePluginOptions`` and
+keeps a ``ListAndWatch`` stream open, recording every listing it receives (and when). Tests then call Allocate /
+GetPreferredAllocation / PreStartContainer through the endpoint's ``stub``. :meth:`FakeKubelet.restart` stops,
+wipes the directory and serves a new ``kubelet.sock``, as a kubelet restart does. Waiting is event-driven: every
+registration, listing and stream end wakes the waiters.
+
+It does not re-code kubelet's checks of a registration (version, resource name, endpoint): that registration,
+re-registration after a kubelet restart, and devices kept by running pods are proven against the real kubelet in
+the cluster tier (tests/cluster/test_kubelet_restart.py). It stays for what a real kubelet cannot be made to do:
+
+- run on a temporary agent root, many at once, in milliseconds, beside whatever else runs on the machine (a real
+  kubelet owns the node's paths and cgroups: one per machine, minutes to bring up);
+- refuse registrations on demand (:attr:`FakeKubelet.reject`), be absent when the plugin starts and appear at a
+  chosen moment, lose its whole directory;
+- hand over every listing it received, with its arrival time (each health change asserted; hotplug latency in
+  scripts/bench-deviceplugin), and call the plugin's RPCs with any request, hostile ones included.
 """
 
 from __future__ import annotations
@@ -81,15 +93,7 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         self.kubelet.changes.notify()
         if self.kubelet.reject is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.kubelet.reject)
-        # the checks kubelet's device manager makes before it dials the plugin
-        if request.version != "v1beta1":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
-        domain, sep, name = request.resource_name.partition("/")
-        if not sep or not domain or not name or domain.endswith("kubernetes.io"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource name {request.resource_name!r}")
-        if "/" in request.endpoint or not (self.kubelet.plugin_dir / request.endpoint).exists():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no socket {request.endpoint!r} in the plugin dir")
-        await self.kubelet._connect(request, arrived)
+        await self.kubelet.connect(request, arrived)
         return api_pb2.Empty()
 
 
@@ -142,7 +146,8 @@ class FakeKubelet:
                 await ep.task
         await ep.channel.close()
 
-    async def _connect(self, request: api_pb2.RegisterRequest, arrived: float) -> None:
+    async def connect(self, request: api_pb2.RegisterRequest, arrived: float) -> None:
+        """Dial a registering plugin's endpoint, read its options and follow its ListAndWatch stream."""
         old = self.endpoints.pop(request.resource_name, None)
         if old is not None:
             await self._drop(old)

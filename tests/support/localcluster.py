@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from support.host import REPO
+
 BUSYBOX = "localhost/nodeplug-test/busybox:1"
 
 
@@ -69,6 +71,18 @@ class Cluster:
                    and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
         assert len(running) == 1, f"expected one running agent pod, got {[p['metadata']['name'] for p in pods]}"
         return running[0]
+
+    def restart(self, daemon: str) -> None:
+        """Restart one of the node's daemons (``kubelet``, ``containerd``) with ``scripts/cluster-restart``."""
+        p = subprocess.run([str(REPO / "scripts" / "cluster-restart"), str(self.dir), daemon], capture_output=True,
+                           text=True, timeout=120, check=False)  # fmt: skip
+        if p.returncode != 0:
+            raise AssertionError(f"scripts/cluster-restart {daemon} failed ({p.returncode}): {p.stderr.strip()}")
+
+    def metrics(self) -> str:
+        """The agent's /metrics, through the API server's proxy to its pod (as a scraper in the cluster reads it)."""
+        path = f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy/metrics"
+        return self.kubectl("get", "--raw", path)
 
     def rollout(self) -> None:
         self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s", timeout=200)

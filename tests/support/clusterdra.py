@@ -1,0 +1,131 @@
+"""The DRA driver on the local cluster, for the cluster tier's tests (a pytest plugin, registered in
+tests/conftest.py).
+
+The shipped agent config leaves DRA off, so :func:`dra_on` turns it on for a test module the way an operator would:
+the agent's ConfigMap gets ``deviceplugin.dra.enabled: true`` and a resource ``dratest`` offered through DRA (device
+nodes ``/dev/nodeplug-dra-*``), and the DaemonSet is restarted; both are put back afterwards. :func:`devnodes` makes
+device nodes on the node (character 1,3, like /dev/null) with a name of their own, which claims select by ``path``,
+and removes them after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from support.localcluster import Cluster
+
+DRIVER = "devices.nodeplug.io"
+CLASS = f"dratest.{DRIVER}"
+CDI_DIR = Path("/var/run/cdi")
+
+
+@pytest.fixture(scope="module")
+def dra_on(cluster: Cluster) -> Iterator[None]:
+    ds = cluster.get("-n", "nodeplug-system", "daemonset", "nodeplug")
+    (cm_name,) = [v["configMap"]["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    cm = cluster.get("-n", "nodeplug-system", "configmap", cm_name)
+    original = cm["data"]["agent.yaml"]
+    cfg = yaml.safe_load(original)
+    dp = cfg.setdefault("deviceplugin", {})
+    dp.setdefault("dra", {})["enabled"] = True
+    dp.setdefault("resources", []).append({"name": "dratest", "devices": ["/dev/nodeplug-dra-*"], "offer": "dra"})
+
+    def put(text: str) -> None:
+        obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, "namespace": "nodeplug-system"},
+               "data": {**cm["data"], "agent.yaml": text}}  # fmt: skip
+        cluster.kubectl("replace", "-f", "-", input=json.dumps(obj))
+        cluster.kubectl("-n", "nodeplug-system", "rollout", "restart", "daemonset/nodeplug")
+        cluster.rollout()
+
+    put(yaml.safe_dump(cfg, sort_keys=False))
+    try:
+        yield
+    finally:
+        put(original)
+
+
+@pytest.fixture
+def devnodes() -> Iterator[Callable[[], str]]:
+    """Factory for device nodes /dev/nodeplug-dra-<random> on the node; each removed after the test."""
+    made: list[Path] = []
+
+    def make() -> str:
+        p = Path("/dev") / f"nodeplug-dra-{secrets.token_hex(3)}"
+        os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        made.append(p)
+        return str(p)
+
+    yield make
+    for p in made:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+@pytest.fixture
+def device_class(cluster: Cluster) -> Iterator[str]:
+    obj = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [{"cel": {"expression": (
+            f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].resource == 'dratest'")}}]},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    yield CLASS
+    cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found", check=False)
+
+
+def slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """Device name -> attributes, over this driver's slices of the node."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in cluster.get("resourceslices")["items"]:
+        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == cluster.node:
+            for d in s["spec"]["devices"]:
+                out[d["name"]] = {k: next(iter(v.values())) for k, v in d["basic"]["attributes"].items()}
+    return out
+
+
+def wait_published(cluster: Cluster, path: str, timeout: float = 30) -> str:
+    """The pool's device name for ``path``, once the slice lists it."""
+    found: list[str] = []
+
+    def probe() -> bool:
+        found[:] = [n for n, a in slice_devices(cluster).items() if a.get("path") == path]
+        return bool(found)
+
+    cluster.wait(f"{path} in the ResourceSlice", probe, timeout)
+    return found[0]
+
+
+def template(name: str, path: str) -> dict[str, Any]:
+    """A ResourceClaimTemplate for one dratest device, the one at ``path``."""
+    sel = f"device.attributes['{DRIVER}'].path == '{path}'"
+    return {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "dev", "deviceClassName": CLASS, "selectors": [{"cel": {"expression": sel}}]}]}}},
+    }  # fmt: skip
+
+
+def claim_pod(cluster: Cluster, name: str, tmpl: str) -> dict[str, Any]:
+    pod = cluster.pod(name, resources={"claims": [{"name": "dev"}]})
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": tmpl}]
+    return pod
+
+
+def pod_claim(cluster: Cluster, ns: str, pod: str) -> dict[str, Any]:
+    status = cluster.get("-n", ns, "pod", pod)["status"]
+    (ref,) = status.get("resourceClaimStatuses") or [{}]
+    return cluster.get("-n", ns, "resourceclaim", ref["resourceClaimName"])  # type: ignore[no-any-return]
