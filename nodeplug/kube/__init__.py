@@ -6,8 +6,8 @@
   requests, with the error tree ``KubeError`` > ``KubeUnavailable`` | ``KubeApiError``;
 - :mod:`nodeplug.kube.watch`: :class:`ListWatch`, list + watch with resume, relist on 410, bookmarks and backoff.
 
-The API server is a source of truth the agent follows, never a dependency it waits on (DESIGN.md rule 10): nothing
-here blocks start-up, and a watch outlives any outage.
+The API server is a source of truth the agent follows, never a dependency it waits on: nothing here blocks start-up,
+and a watch outlives any outage. :mod:`nodeplug.kube.events` records the Events the plugins emit.
 """
 
 from __future__ import annotations
