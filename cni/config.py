@@ -2,15 +2,14 @@
 
 The network itself (bridge, ranges, IPAM data directory, socket path the entry point uses) is described by the CNI
 network config the runtime passes on every call, not here: the entry point and the agent must agree without the agent
-config. This section says where the agent listens and how much work it takes on at once, and (``cluster``, see
-:mod:`cni.cluster.config`) how this node joins the cluster pod network when the agent follows a Kubernetes API.
+config. This section says where the agent listens and how much work it takes on at once. (How this node joins the
+cluster pod network is the ``cluster_network`` section, :mod:`cni.cluster.config`.)
 """
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from cni.cluster.config import ClusterConfig
 from nodeplug.configbase import AbsPath, Section
 from nodeplug.paths import CNI_SOCKET
 
@@ -27,8 +26,6 @@ class Config(Section):
     # The doctor's end-to-end check: a throw-away network on this bridge and subnet (must not clash with real ones).
     doctor_bridge: str = Field(default="npdoctor0", min_length=1, max_length=15)
     doctor_subnet: str = "10.255.254.0/29"
-    # The cluster pod network (routes to the other nodes' podCIDRs); active when the agent follows a Kubernetes API.
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @field_validator("doctor_subnet")
     @classmethod

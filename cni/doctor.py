@@ -1,7 +1,7 @@
 """``nodeplug doctor`` checks for the CNI plugin.
 
-- with a Kubernetes API (the cluster network): every peer node's pod subnet is routed the way the mode says
-  (:mod:`cni.cluster.check`);
+- the kernel makes network namespaces, veth pairs and bridges (in a throw-away namespace), and ``ip`` and ``nft``
+  are on PATH;
 - the entry point installed in the CNI bin dir answers VERSION (and how long it takes);
 - when the agent serves its CNI socket: STATUS on a throw-away network, then a real attachment acting as the runtime
   (ADD into a temporary netns, ping the gateway from it, DEL) and the lease freed afterwards. The throw-away network
@@ -26,7 +26,7 @@ from typing import Any
 from cni import thick
 from cni.config import Config
 from cni.ipam.sqlite import db_path
-from nodeplug.checks import Check, CheckFailed, CheckSkipped
+from nodeplug.checks import Check, CheckFailed, CheckSkipped, tool_check
 from nodeplug.commands import CommandError, arun
 from nodeplug.paths import CNI_BIN_DIR, STATE_DIR
 from nodeplug.plugin import AgentContext
@@ -134,19 +134,28 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
             with contextlib.suppress(CommandError):
                 await arun(["ip", "link", "delete", section.doctor_bridge], timeout=10)
 
-    async def cluster() -> str:
-        from cni.cluster.check import peers_routed
-
-        return await peers_routed(section.cluster, ctx.kube, ctx.node_name)
-
-    checks = [
+    return [
+        Check("kernel", "network namespaces, veth, bridge", _netkernel),
+        tool_check("tools", "ip"),
+        tool_check("tools", "nft"),
         Check("cni", "entry point VERSION", entry_version),
         Check("cni", "STATUS via the agent", status),
         Check("cni", f"ADD/ping/DEL on {ipaddress.ip_network(section.doctor_subnet)} via the agent", attach),
     ]
-    if ctx.kube is not None:  # the cluster network runs only with a Kubernetes API
-        checks.append(Check("cni", "peer pod subnets routed as the mode says", cluster))
-    return checks
+
+
+async def _netkernel() -> str:
+    if os.geteuid() != 0:
+        raise CheckSkipped("needs root")
+    ns = f"npdoc-{secrets.token_hex(4)}"
+    await arun(["ip", "netns", "add", ns], timeout=10)
+    try:
+        await arun(["ip", "-n", ns, "link", "add", "npdoc0", "type", "veth", "peer", "name", "npdoc1"], timeout=10)
+        await arun(["ip", "-n", ns, "link", "add", "npdocbr", "type", "bridge"], timeout=10)
+        await arun(["ip", "-n", ns, "link", "set", "npdoc0", "master", "npdocbr"], timeout=10)
+    finally:
+        await arun(["ip", "netns", "delete", ns], timeout=10)
+    return "created and removed a netns with a veth pair on a bridge"
 
 
 async def _bridge_exists(name: str) -> bool:

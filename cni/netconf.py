@@ -78,7 +78,7 @@ class RangeConf(NamedTuple):
 class IpamConf(NamedTuple):
     """The built-in IPAM's section (``"ipam": {"type": "nodeplug", ...}``); one address is leased per range set.
 
-    With ``nodeSubnets`` (a file the agent writes, :mod:`cni.cluster.subnets`) the ranges are this node's podCIDRs;
+    With ``nodeSubnets`` (a file the agent writes, :mod:`cni.nodesubnets`) the ranges are this node's podCIDRs;
     ``no_ranges`` then says why there are none (ADD and STATUS fail with it), and ``mtu`` is the pod MTU the agent
     chose for the cluster network."""
 
@@ -218,7 +218,7 @@ def _overlap(a: RangeConf, b: RangeConf) -> bool:
 
 def _node_subnets(path: Any, where: str) -> tuple[list[list[dict[str, str]]], str, int | None]:
     """Range sets from the agent's subnets file (one per podCIDR), or why there are none, and the pod MTU."""
-    from cni.cluster import subnets
+    from cni import nodesubnets as subnets
 
     if not isinstance(path, str) or not path.startswith("/"):
         raise _bad(f"{where}.nodeSubnets", "an absolute path to the file the agent writes", path)

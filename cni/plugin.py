@@ -14,9 +14,8 @@ caches them), so a thick-mode ADD costs the netlink work and one transaction, no
 
 Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
 
-When the agent follows a Kubernetes API (``ctx.kube``) and ``cluster.enabled``, the cluster pod network
-(:mod:`cni.cluster.network`) runs beside the server and joins its readiness: not ready while this node has no pod
-subnet to hand out.
+The cluster pod network is a plugin of its own (:mod:`cni.cluster`): it hands this server nothing but the node's
+pod subnets, in a file the IPAM reads on each ADD (:mod:`cni.nodesubnets`).
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ class CniPlugin:
         self._table: dict[str, Any] = {}
         self._locks = KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.cluster: Any = None  # cni.cluster.network.ClusterNetwork when the cluster network runs
-        self._cluster_metrics: Any = None
         self.requests = Counter(
             "nodeplug_cni_requests",
             "CNI invocations served in thick mode, by command and CNI result code (0 for success).",
@@ -87,26 +84,8 @@ class CniPlugin:
         remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
         self._server = await asyncio.start_unix_server(self._accept, sock=_listening_socket(self.path))
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
-        await self._start_cluster()
-
-    async def _start_cluster(self) -> None:
-        cfg = self.section.cluster
-        if self.ctx.kube is None or not cfg.enabled:
-            return
-        from cni.cluster import uninstall
-        from cni.cluster.network import ClusterNetwork, Metrics
-
-        if self._cluster_metrics is None:
-            self._cluster_metrics = Metrics(self.ctx.metrics.registry)
-        path, root = self.ctx.root(cfg.subnets_file), self.ctx.root
-        self.cluster = ClusterNetwork(cfg, self.ctx.kube, self.ctx.node_name, path, self.log, self._cluster_metrics,
-                                      root(uninstall.LOCK), root(uninstall.MARKER))  # fmt: skip
-        await self.cluster.start()
 
     async def stop(self, grace: float) -> None:
-        cluster, self.cluster = self.cluster, None
-        if cluster is not None:
-            await cluster.stop()  # the kernel keeps its routes: a restarted agent finds them and leaves them be
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -132,25 +111,15 @@ class CniPlugin:
     def readiness(self) -> Readiness:
         if self._server is None or not self._server.is_serving():
             return Readiness(False, f"not serving {self.path}")
-        if self.cluster is not None:
-            ready, detail = self.cluster.readiness()
-            return Readiness(ready, f"serving {self.path}; cluster network: {detail}")
         return Readiness(True, f"serving {self.path}")
 
-    async def reload(self, section: Any) -> None:
-        assert isinstance(section, Config)
+    async def reload(self, section: Config) -> None:
         old, self.section = self.section, section
         if (old.socket, old.workers) != (section.socket, section.workers):
             self.log.info("restarting CNI thick mode for the new config", socket=section.socket)
             await self.stop(grace=5.0)
             self.path = Path(self.ctx.root(section.socket))
             await self.start()
-        elif old.cluster != section.cluster:
-            self.log.info("restarting the cluster network for the new config", mode=section.cluster.mode)
-            if self.cluster is not None:
-                cluster, self.cluster = self.cluster, None
-                await cluster.stop()
-            await self._start_cluster()
 
     # ------------------------------------------------------------ serving
 
@@ -248,7 +217,3 @@ def _result_code(exit_code: int, out: str) -> int:
         return int(json.loads(out).get("code", 999))
     except (ValueError, AttributeError, TypeError):
         return 999
-
-
-def create(section: Config, ctx: AgentContext) -> CniPlugin:
-    return CniPlugin(section, ctx)

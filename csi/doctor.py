@@ -25,8 +25,9 @@ from csi.backends import fileops
 from csi.config import Config
 from csi.plugin import csi_socket_default, registration_socket_default
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
-from nodeplug.checks import Check, CheckFailed, CheckSkipped
+from nodeplug.checks import Check, CheckFailed, CheckSkipped, dirs_check, tool_check
 from nodeplug.commands import CommandError, arun
+from nodeplug.paths import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from nodeplug.plugin import AgentContext
 
 DOCTOR_BYTES = 16 << 20
@@ -203,7 +204,24 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
     async def lifecycle() -> str:
         return await _lifecycle(section, ctx)
 
+    async def filesystems() -> str:
+        with open("/proc/filesystems") as f:  # noqa: ASYNC230 (procfs, never blocks)
+            have = {line.split()[-1] for line in f if line.strip()}
+        want = ["ext4", "xfs"] + (["btrfs"] if section.btrfs.enabled else [])
+        missing = [fs for fs in want if fs not in have]
+        if missing:
+            # a module may still be loadable on first mount; say so instead of failing outright
+            return f"{', '.join(want)} wanted; not yet registered: {', '.join(missing)} (loaded on first mount)"
+        return ", ".join(want)
+
+    tools = ["losetup", "mount", "umount", "resize2fs", "xfs_growfs", "fsfreeze"]
+    if section.btrfs.enabled:
+        tools.append("btrfs")
+    kubelet_dirs = [ctx.root(PLUGINS_DIR), ctx.root(PLUGINS_REGISTRY_DIR)]
     return [
+        Check("kernel", "filesystems", filesystems),
+        *(tool_check("tools", t) for t in tools),
+        dirs_check("kubelet", "plugins directories", kubelet_dirs, ctx.root.path),
         Check("kernel", "loop devices", _loop_devices),
         _tool("mkfs.ext4"),
         _tool("mkfs.xfs"),

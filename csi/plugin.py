@@ -189,8 +189,3 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
     if not missing:
         log.info("reconcile: host and state agree", stages=len(stages))
     return missing
-
-
-def create(section: Config, ctx: AgentContext) -> CsiPlugin:
-    """Build the CSI plugin (no side effects until ``start``)."""
-    return CsiPlugin(section, ctx)

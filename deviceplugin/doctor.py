@@ -25,7 +25,7 @@ from deviceplugin.uevent import UeventMonitor
 from nodeplug.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeplug.api.podresources.v1 import api_pb2 as pr_pb2
 from nodeplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from nodeplug.checks import Check, CheckFailed, CheckSkipped
+from nodeplug.checks import Check, CheckFailed, CheckSkipped, dirs_check
 from nodeplug.paths import DEVICE_PLUGIN_DIR, KUBELET_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext
 
@@ -183,6 +183,7 @@ def _allocate(ctx: AgentContext, res: Resource) -> Callable[[], Awaitable[str]]:
 
 def checks(section: Config, ctx: AgentContext) -> list[Check]:
     out = [
+        dirs_check("kubelet", "device-plugins directory", [ctx.root(DEVICE_PLUGIN_DIR)], ctx.root.path),
         Check("deviceplugin", "host root", _host_root(section)),
         Check("deviceplugin", "change detection", _change_detection()),
         Check("tools", "deviceplugin health/reset commands", _tools(section)),

@@ -352,7 +352,3 @@ class DevicePlugin:
             self._pending = None
             self._scan()
             self._schedule_sync()
-
-
-def create(section: Config, ctx: AgentContext) -> DevicePlugin:
-    return DevicePlugin(section, ctx)

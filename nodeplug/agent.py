@@ -1,13 +1,15 @@
 """The agent: one asyncio process running the plugins the config enables.
 
 Start-up order: validate the whole config (done by the caller), start the HTTP endpoint, then each enabled plugin
-(``deviceplugin``, ``csi``, ``cni``). If a plugin fails to start, the ones already started are stopped and the agent
-exits non-zero. SIGTERM/SIGINT stop the plugins in reverse order, each giving in-flight RPCs
+in the order of :mod:`nodeplug.plugins` (``deviceplugin``, ``csi``, ``cni``, ``cluster_network``; a plugin that
+follows the API runs only when the agent does). If a plugin fails to start, the ones already started are stopped
+and the agent exits non-zero. SIGTERM/SIGINT stop the plugins in reverse order, each giving in-flight RPCs
 ``shutdown_grace_seconds``, and the agent exits 0 with its sockets removed.
 
 Kubernetes API: given a :class:`~nodeplug.kube.KubeSource` (``--kubeconfig``, ``KUBECONFIG`` or the in-cluster
 service account), the agent makes one :class:`~nodeplug.kube.KubeClient` before the plugins start and hands it to them
-in the context (no request is made at that point: start-up never waits for the API server); it is closed after they
+in the context (no request is made at that point: start-up never waits for the API server), with an
+:class:`~nodeplug.kube.events.EventRecorder` for the Events the plugins record; both are closed after the plugins
 stop. Without one the plugins run single-node.
 
 Reload: SIGHUP, or a change of the config file's content (checked every second; ConfigMap updates swap symlinks, so
@@ -21,30 +23,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nodeplug.config import AgentConfig, ConfigError, load
 from nodeplug.httpserver import HealthServer
 from nodeplug.log import get_logger
 from nodeplug.paths import Root
-from nodeplug.plugin import AgentContext, Plugin, Readiness
+from nodeplug.plugin import AgentContext, Readiness, Spec, Started
+from nodeplug.plugins import PLUGINS
 
 if TYPE_CHECKING:
     from nodeplug.kube import KubeSource
 
-PLUGIN_ORDER = ("deviceplugin", "csi", "cni")
 CONFIG_POLL_SECONDS = 1.0
 
 log = get_logger("agent")
-
-
-def create_plugin(name: str, section: Any, ctx: AgentContext) -> Plugin:
-    module = importlib.import_module(f"{name}.plugin")
-    plugin: Plugin = module.create(section, ctx)
-    return plugin
 
 
 class Agent:
@@ -61,7 +56,7 @@ class Agent:
         self.root_override = root_override
         self.kube_source = kube
         self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path, node_name=node_name)
-        self.plugins: dict[str, Plugin] = {}
+        self.plugins: dict[str, Started] = {}
         self.http = HealthServer(cfg.http.host, cfg.http.port, self.ctx.metrics, self.readiness)
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
@@ -85,31 +80,30 @@ class Agent:
         self._reload.set()
 
     async def start(self) -> None:
+        for note in self.cfg.notes:
+            log.warning("config", note=note)
         await self.http.start()
         if self.kube_source is not None:
             from nodeplug.kube import KubeClient
+            from nodeplug.kube.events import EventRecorder
 
             self.ctx.kube = KubeClient(self.kube_source)
+            self.ctx.events = EventRecorder(self.ctx.kube, self.ctx.node_name, self.ctx.metrics.registry)
+            await self.ctx.events.start()
             log.info("following the Kubernetes API", origin=self.kube_source.origin, node=self.ctx.node_name)
         try:
-            for name in PLUGIN_ORDER:
-                section = getattr(self.cfg, name)
-                if section.enabled:
-                    await self._start_plugin(name, section)
+            for spec in PLUGINS:
+                if spec.wanted(self.cfg, self.ctx):
+                    await self._start_plugin(spec)
+                elif spec.enabled(self.cfg):
+                    log.info("plugin not started", name=spec.name, reason=spec.disabled_reason(self.cfg, self.ctx))
         except BaseException:
             await self.stop()
             raise
 
-    async def _start_plugin(self, name: str, section: Any) -> None:
-        plugin = create_plugin(name, section, self.ctx)
-        log.info("starting plugin", name=name)
-        try:
-            await plugin.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await plugin.stop(0)
-            raise
-        self.plugins[name] = plugin
+    async def _start_plugin(self, spec: Spec) -> None:
+        log.info("starting plugin", name=spec.name)
+        self.plugins[spec.name] = await spec.start(self.cfg, self.ctx)
 
     async def stop(self) -> None:
         grace = self.cfg.shutdown_grace_seconds
@@ -120,6 +114,10 @@ class Agent:
                 await asyncio.wait_for(plugin.stop(grace), grace + 10)
             except Exception as e:
                 log.error("plugin did not stop cleanly", name=name, error=repr(e))
+        if self.ctx.events is not None:
+            events, self.ctx.events = self.ctx.events, None
+            with contextlib.suppress(Exception):
+                await events.stop()
         if self.ctx.kube is not None:
             kube, self.ctx.kube = self.ctx.kube, None
             with contextlib.suppress(Exception):
@@ -195,21 +193,23 @@ class Agent:
         for field in ("root", "http", "log_level", "shutdown_grace_seconds"):
             if getattr(new, field) != getattr(self.cfg, field):
                 log.warning("config change needs an agent restart to take effect", field=field)
-        for name in PLUGIN_ORDER:
-            old_section, new_section = getattr(self.cfg, name), getattr(new, name)
-            if old_section == new_section:
-                continue
+        for note in new.notes:
+            log.warning("config", note=note)
+        new = new.model_copy(update={"root": self.cfg.root, "http": self.cfg.http})
+        for spec in PLUGINS:
+            name, running = spec.name, self.plugins.get(spec.name)
+            wanted = spec.wanted(new, self.ctx)
             try:
-                if name in self.plugins and not new_section.enabled:
+                if running is not None and not wanted:
                     log.info("plugin disabled by new config", name=name)
                     await self.plugins.pop(name).stop(self.cfg.shutdown_grace_seconds)
-                elif name not in self.plugins and new_section.enabled:
-                    await self._start_plugin(name, new_section)
-                elif name in self.plugins:
+                elif running is None and wanted:
+                    await self._start_plugin(spec)
+                elif running is not None and running.changed(new):
                     log.info("reloading plugin", name=name)
-                    await self.plugins[name].reload(new_section)
+                    await running.reload(new)
             except Exception as e:
                 log.error("applying new config failed", name=name, error=str(e) or repr(e))
-        self.cfg = new.model_copy(update={"root": self.cfg.root, "http": self.cfg.http})
+        self.cfg = new
         log.info("config reloaded", source=str(self.config_path))
         return True

@@ -1,4 +1,4 @@
-"""The ``nodeplug`` command: ``agent``, ``doctor``, ``install-cni``, ``version``.
+"""The ``nodeplug`` command: ``agent``, ``doctor``, ``version``, and the plugins' commands (``install-cni``).
 
 Exit status: 0 success; 1 runtime failure (a plugin failed to start, a doctor check failed); 2 usage or config
 errors (one line per problem on stderr, nothing created).
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from nodeplug import __version__
 from nodeplug import log as logging_setup
 from nodeplug.config import ConfigError, load
+from nodeplug.plugins import PLUGINS
 
 if TYPE_CHECKING:
     from nodeplug.kube import KubeSource
@@ -37,13 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--root", type=Path, help="the agent's --root")
     _kube_arguments(doctor)
 
-    install = sub.add_parser("install-cni", help="install the CNI entry point and conflist on the host")
-    try:
-        installcni = importlib.import_module("nodeplug.installcni")
-    except ModuleNotFoundError:
-        install.set_defaults(unavailable=True)
-    else:
-        installcni.add_arguments(install)
+    for spec in PLUGINS:
+        for command in spec.commands:
+            command.add_arguments(sub.add_parser(command.name, help=command.help))
 
     sub.add_parser("version", help="print the version")
     return parser
@@ -107,12 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         source, node = _kube_or_exit(args)
         logging_setup.setup("warning")
         return asyncio.run(doctor(cfg, sys.stdout, source, node))
-    if args.command == "install-cni":
-        if getattr(args, "unavailable", False):
-            print("nodeplug: install-cni is not available in this build", file=sys.stderr)
-            return 2
-        status: int = importlib.import_module("nodeplug.installcni").run(args)
-        return status
+    for spec in PLUGINS:
+        for command in spec.commands:
+            if args.command == command.name:
+                return command.run(args)
     return 2
 
 

@@ -7,11 +7,17 @@
     http:
       address: 127.0.0.1:9450    # /healthz, /readyz, /metrics
     shutdown_grace_seconds: 5
-    deviceplugin: {enabled: true, ...}   # deviceplugin.config.Config
-    csi: {enabled: true, ...}            # csi.config.Config
-    cni: {enabled: true, ...}            # cni.config.Config
+    deviceplugin: {enabled: true, ...}     # deviceplugin.config.Config
+    csi: {enabled: true, ...}              # csi.config.Config
+    cni: {enabled: true, ...}              # cni.config.Config
+    cluster_network: {enabled: true, ...}  # cni.cluster.config.ClusterConfig
 
-Unknown keys are errors. :func:`load` raises :class:`ConfigError` carrying one line per problem.
+One section per plugin of :mod:`nodeplug.plugins`. Unknown keys are errors. :func:`load` raises
+:class:`ConfigError` carrying one line per problem.
+
+Moved keys: the cluster network's section was ``cni.cluster`` before it became a plugin of its own; a config that
+still has it there is read as ``cluster_network`` (with a note in :attr:`AgentConfig.notes`, which the agent logs),
+and one that has both is refused.
 """
 
 from __future__ import annotations
@@ -21,12 +27,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from cni.config import Config as CniSection
-from csi.config import Config as CsiSection
-from deviceplugin.config import Config as DevicePluginSection
 from nodeplug.configbase import format_errors
+from nodeplug.plugins import ClusterNetworkSection, CniSection, CsiSection, DevicePluginSection
 
 
 class ConfigError(Exception):
@@ -75,6 +79,13 @@ class AgentConfig(BaseModel):
     deviceplugin: DevicePluginSection = Field(default_factory=DevicePluginSection)
     csi: CsiSection = Field(default_factory=CsiSection)
     cni: CniSection = Field(default_factory=CniSection)
+    cluster_network: ClusterNetworkSection = Field(default_factory=ClusterNetworkSection)
+    # what loading had to say about the file (a moved key read at its new place); logged by the agent
+    _notes: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self._notes
 
     @field_validator("root")
     @classmethod
@@ -84,15 +95,31 @@ class AgentConfig(BaseModel):
         return v
 
 
+def _moved(data: dict[str, Any], source: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``cni.cluster`` read as ``cluster_network`` (see the module docstring), and the note saying so."""
+    cni = data.get("cni")
+    if not isinstance(cni, dict) or "cluster" not in cni:
+        return data, ()
+    if "cluster_network" in data:
+        problem = "cni.cluster: moved to cluster_network, which is also given: keep only cluster_network"
+        raise ConfigError(source, [problem])
+    rest = {k: v for k, v in cni.items() if k != "cluster"}
+    note = "cni.cluster is read as cluster_network (its place since the cluster network is a plugin of its own)"
+    return {**data, "cni": rest, "cluster_network": cni["cluster"]}, (note,)
+
+
 def parse(data: Any, source: str = "config") -> AgentConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, [f"(top level): expected a mapping of sections, got {type(data).__name__}"])
+    data, notes = _moved(data, source)
     try:
-        return AgentConfig.model_validate(data)
+        cfg = AgentConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(source, format_errors(e)) from None
+    cfg._notes = notes
+    return cfg
 
 
 def load(path: Path | None, root: Path | None = None) -> AgentConfig:

@@ -1,7 +1,7 @@
 """``nodeplug doctor``: checks a node before and after deploying.
 
-Node checks (kernel features, tools the config needs, kubelet's directories, the agent's HTTP endpoint) live here;
-each plugin adds its own through ``<pkg>.doctor.checks(section, ctx)`` — prerequisites, and an end-to-end round trip
+The agent's HTTP endpoint is checked here; each enabled plugin of :mod:`nodeplug.plugins` adds its own checks
+(its spec's ``checks``): prerequisites (kernel features, tools, kubelet's directories), and an end-to-end round trip
 acting as the plugin's real caller when the agent is running. Every check prints one table row; any failure makes
 the exit status non-zero. Kernel checks work inside a throw-away network namespace and leave nothing behind.
 """
@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import os
-import shutil
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from nodeplug import paths
 from nodeplug.checks import Check, CheckFailed, CheckResult, CheckSkipped, CheckWarning
-from nodeplug.commands import CommandError, arun
+from nodeplug.commands import CommandError
 from nodeplug.config import AgentConfig
 from nodeplug.plugin import AgentContext
+from nodeplug.plugins import PLUGINS
 
 if TYPE_CHECKING:
     from nodeplug.kube import KubeSource
@@ -40,53 +37,9 @@ def _check(group: str, name: str) -> Callable[[Callable[[], Awaitable[str]]], Ch
 
 
 def node_checks(cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
+    """What the node needs whatever runs on it: the agent answering its health endpoint. Each plugin's own
+    prerequisites (kernel features, tools, kubelet's directories) are among its checks."""
     checks: list[Check] = []
-
-    @_check("kernel", "network namespaces, veth, bridge")
-    async def netkernel() -> str:
-        if os.geteuid() != 0:
-            raise CheckSkipped("needs root")
-        ns = f"npdoc-{uuid.uuid4().hex[:8]}"
-        await arun(["ip", "netns", "add", ns], timeout=10)
-        try:
-            await arun(["ip", "-n", ns, "link", "add", "npdoc0", "type", "veth", "peer", "name", "npdoc1"], timeout=10)
-            await arun(["ip", "-n", ns, "link", "add", "npdocbr", "type", "bridge"], timeout=10)
-            await arun(["ip", "-n", ns, "link", "set", "npdoc0", "master", "npdocbr"], timeout=10)
-        finally:
-            await arun(["ip", "netns", "delete", ns], timeout=10)
-        return "created and removed a netns with a veth pair on a bridge"
-
-    checks.append(netkernel)
-
-    @_check("kernel", "filesystems")
-    async def filesystems() -> str:
-        with open("/proc/filesystems") as f:  # noqa: ASYNC230 (procfs, never blocks)
-            have = {line.split()[-1] for line in f if line.strip()}
-        want = ["ext4", "xfs"] + (["btrfs"] if _btrfs_enabled(cfg) else [])
-        missing = [fs for fs in want if fs not in have]
-        if missing:
-            # a module may still be loadable on first mount; say so instead of failing outright
-            return f"{', '.join(want)} wanted; not yet registered: {', '.join(missing)} (loaded on first mount)"
-        return ", ".join(want)
-
-    if cfg.csi.enabled:
-        checks.append(filesystems)
-
-    for tool in _tools(cfg):
-        checks.append(_tool_check(tool))
-
-    @_check("kubelet", "kubelet directories")
-    async def kubelet_dirs() -> str:
-        dirs = [paths.DEVICE_PLUGIN_DIR] if cfg.deviceplugin.enabled else []
-        dirs += [paths.PLUGINS_DIR, paths.PLUGINS_REGISTRY_DIR] if cfg.csi.enabled else []
-        missing = [d for d in dirs if not ctx.root(d).is_dir()]
-        if missing:
-            raise CheckFailed(f"missing under root {cfg.root}: {', '.join(missing)} (is kubelet installed here?)")
-        kubelet = ctx.root(paths.KUBELET_SOCKET)
-        note = "kubelet.sock present" if kubelet.exists() else "kubelet.sock absent (kubelet not running)"
-        return f"{len(dirs)} present; {note}"
-
-    checks.append(kubelet_dirs)
 
     @_check("agent", "health endpoint")
     async def health() -> str:
@@ -115,53 +68,13 @@ def _get(url: str) -> str:
         return str(r.read().decode())
 
 
-def _btrfs_enabled(cfg: AgentConfig) -> bool:
-    btrfs = getattr(cfg.csi, "btrfs", None)
-    return bool(cfg.csi.enabled and btrfs is not None and getattr(btrfs, "enabled", False))
-
-
-def _tools(cfg: AgentConfig) -> list[str]:
-    tools: list[str] = []
-    if cfg.csi.enabled:
-        # csi.doctor checks loop devices, mkfs.ext4 and mkfs.xfs itself
-        tools += ["losetup", "mount", "umount", "resize2fs", "xfs_growfs", "fsfreeze"]
-        if _btrfs_enabled(cfg):
-            tools += ["btrfs"]
-    if cfg.cni.enabled:
-        tools += ["ip", "nft"]
-    return tools
-
-
-def _tool_check(tool: str) -> Check:
-    async def run() -> str:
-        found = shutil.which(tool)
-        if not found:
-            raise CheckFailed(f"{tool} not found on PATH: install it on the node")
-        return found
-
-    return Check("tools", tool, run)
-
-
 def all_checks(cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
     checks = node_checks(cfg, ctx)
-    for name in ("deviceplugin", "csi", "cni"):
-        section = getattr(cfg, name)
-        if not section.enabled:
+    for spec in PLUGINS:
+        if not spec.enabled(cfg):
             continue
-        try:
-            module = importlib.import_module(f"{name}.doctor")
-        except ImportError as e:
-            checks.append(Check(name, "doctor checks", _fail(f"cannot load {name}.doctor: {e}")))
-            continue
-        checks.extend(module.checks(section, ctx))
+        checks.extend(spec.doctor_checks(cfg, ctx))
     return checks
-
-
-def _fail(msg: str) -> Callable[[], Awaitable[str]]:
-    async def run() -> str:
-        raise CheckFailed(msg)
-
-    return run
 
 
 async def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[CheckResult]:

@@ -1,7 +1,7 @@
 """Host paths under a configurable root.
 
-Every path nodeplug touches has a well-known absolute default (DESIGN.md). The agent places all of them under one
-``root`` (default ``/``), so tests and the demo run the whole agent in a temporary directory.
+Every path nodeplug touches has a well-known absolute default (the README lists them). The agent places all of them
+under one ``root`` (default ``/``), so tests and the demo run the whole agent in a temporary directory.
 """
 
 from __future__ import annotations

@@ -1,27 +1,42 @@
 """What the agent shell expects of a plugin, and what it hands to one.
 
-Each plugin package (``deviceplugin``, ``csi``, ``cni``) exposes:
+A plugin package describes itself with one :class:`PluginSpec` (in its ``spec`` module, which imports nothing but
+its config section and this shell, so that loading the config loads no plugin's code):
 
-- ``<pkg>.config``: a :class:`nodeplug.configbase.Section` subclass, the plugin's section of the agent config;
-- ``<pkg>.plugin.create(section, ctx) -> Plugin``: builds the plugin (no side effects until ``start``);
-- ``<pkg>.doctor.checks(section, ctx) -> list[nodeplug.doctor.Check]``: the plugin's node and end-to-end checks.
+- ``name``: its config section's key, its name in ``/readyz`` and its log field;
+- ``section``: the :class:`nodeplug.configbase.Section` subclass of its config, and ``of``, which picks that section
+  out of the agent config;
+- ``create(section, ctx) -> Plugin``: builds the plugin (no side effects until ``start``);
+- ``checks(section, ctx) -> list[Check]``: its node and end-to-end checks for ``nodeplug doctor``;
+- ``needs_kube``: the plugin only runs when the agent follows a Kubernetes API (a controller of API objects);
+- ``commands``: ``nodeplug`` subcommands it brings (``install-cni``).
 
-The shell starts the enabled plugins in order, serves ``/readyz`` from :meth:`Plugin.readiness`, hands a changed
-section to :meth:`Plugin.reload` (SIGHUP or config-file change) and calls :meth:`Plugin.stop` on SIGTERM/SIGINT.
+The shell names the plugins in one place, :mod:`nodeplug.plugins`, starts the enabled ones in that order, serves
+``/readyz`` from :meth:`Plugin.readiness`, hands a changed section to :meth:`Plugin.reload` (SIGHUP or config-file
+change) and calls :meth:`Plugin.stop` on SIGTERM/SIGINT. Each plugin sees its own section's type, never ``Any``:
+:meth:`PluginSpec.start` binds a running plugin to its spec (:class:`Running`), and the shell holds running plugins
+through the :class:`Started` protocol, whose methods take the whole agent config.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from nodeplug.configbase import Section
 from nodeplug.log import Logger, get_logger
 from nodeplug.metrics import Metrics
 from nodeplug.paths import Root
 
 if TYPE_CHECKING:
+    from nodeplug.checks import Check
+    from nodeplug.config import AgentConfig
     from nodeplug.kube import KubeClient
+    from nodeplug.kube.events import EventRecorder
 
 
 @dataclass(frozen=True)
@@ -40,12 +55,18 @@ class AgentContext:
     # The Kubernetes API client (nodeplug.kube), None in single-node mode; and this node's name in that API.
     kube: KubeClient | None = None
     node_name: str = ""
+    # Kubernetes Events about this node and the objects the agent serves (None in single-node mode).
+    events: EventRecorder | None = None
 
     def logger(self, plugin: str, **bound: Any) -> Logger:
         return get_logger(plugin, **bound)
 
 
-class Plugin(Protocol):
+S = TypeVar("S", bound=Section)
+S_contra = TypeVar("S_contra", bound=Section, contravariant=True)
+
+
+class Plugin(Protocol[S_contra]):
     name: str
 
     async def start(self) -> None:
@@ -57,5 +78,117 @@ class Plugin(Protocol):
     def readiness(self) -> Readiness:
         """Serving, and registered with kubelet where that applies."""
 
-    async def reload(self, section: Any) -> None:
+    async def reload(self, section: S_contra) -> None:
         """Apply a new, already validated section; a plugin that cannot reload in place restarts itself."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``nodeplug`` subcommand a plugin brings: ``run`` returns the exit status."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class Started(Protocol):
+    """A running plugin as the shell holds it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def readiness(self) -> Readiness: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    def changed(self, cfg: AgentConfig) -> bool:
+        """Whether ``cfg`` holds another section for this plugin than the one it runs with."""
+
+    async def reload(self, cfg: AgentConfig) -> None:
+        """Hand this plugin its section of ``cfg``."""
+
+
+class Spec(Protocol):
+    """A plugin as the shell knows it before it runs (any :class:`PluginSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def commands(self) -> Sequence[Command]: ...
+
+    def enabled(self, cfg: AgentConfig) -> bool: ...
+
+    def wanted(self, cfg: AgentConfig, ctx: AgentContext) -> bool: ...
+
+    def disabled_reason(self, cfg: AgentConfig, ctx: AgentContext) -> str: ...
+
+    async def start(self, cfg: AgentConfig, ctx: AgentContext) -> Started: ...
+
+    def doctor_checks(self, cfg: AgentConfig, ctx: AgentContext) -> list[Check]: ...
+
+
+@dataclass(frozen=True)
+class PluginSpec(Generic[S]):
+    name: str
+    section: type[S]
+    of: Callable[[AgentConfig], S]
+    create: Callable[[S, AgentContext], Plugin[S]]
+    checks: Callable[[S, AgentContext], list[Check]]
+    needs_kube: bool = False
+    commands: Sequence[Command] = ()
+
+    def enabled(self, cfg: AgentConfig) -> bool:
+        """The section says ``enabled: true``."""
+        return self.of(cfg).enabled
+
+    def wanted(self, cfg: AgentConfig, ctx: AgentContext) -> bool:
+        """Enabled, and able to run here (a plugin that follows the API runs only when the agent does)."""
+        return self.of(cfg).enabled and (ctx.kube is not None or not self.needs_kube)
+
+    def disabled_reason(self, cfg: AgentConfig, ctx: AgentContext) -> str:
+        if not self.of(cfg).enabled:
+            return f"{self.name}.enabled is false"
+        if self.needs_kube and ctx.kube is None:
+            return "no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node"
+        return ""
+
+    async def start(self, cfg: AgentConfig, ctx: AgentContext) -> Started:
+        section = self.of(cfg)
+        plugin = self.create(section, ctx)
+        try:
+            await plugin.start()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the start's own failure is the one to report
+                await plugin.stop(0)
+            raise
+        return Running(self, plugin, section)
+
+    def doctor_checks(self, cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
+        return self.checks(self.of(cfg), ctx)
+
+
+@dataclass
+class Running(Generic[S]):
+    spec: PluginSpec[S]
+    plugin: Plugin[S]
+    section: S
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def readiness(self) -> Readiness:
+        return self.plugin.readiness()
+
+    async def stop(self, grace: float) -> None:
+        await self.plugin.stop(grace)
+
+    def changed(self, cfg: AgentConfig) -> bool:
+        return self.spec.of(cfg) != self.section
+
+    async def reload(self, cfg: AgentConfig) -> None:
+        section = self.spec.of(cfg)
+        await self.plugin.reload(section)
+        self.section = section

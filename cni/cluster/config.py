@@ -1,21 +1,20 @@
-"""The ``cni.cluster`` section: how this node joins the cluster pod network.
+"""The ``cluster_network`` section: how this node joins the cluster pod network.
 
 ::
 
-    cni:
-      cluster:
-        enabled: true            # active when the agent follows a Kubernetes API (--kubeconfig or in-cluster)
-        mode: auto               # direct | vxlan | auto: direct to peers on a connected subnet, VXLAN to the rest
-        vxlan:
-          vni: 4096
-          port: 4789
-          underlay: ""           # interface of the node's InternalIP when empty
-        cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are routed;
-                                 # empty: every Node's podCIDRs
-        masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
-        route_protocol: 110      # routes the agent owns carry this protocol number
-        resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
-        subnets_file: /var/lib/nodeplug/cluster/subnets.json   # where the CNI entry point reads this node's podCIDRs
+    cluster_network:
+      enabled: true            # active when the agent follows a Kubernetes API (--kubeconfig or in-cluster)
+      mode: auto               # direct | vxlan | auto: direct to peers on a connected subnet, VXLAN to the rest
+      vxlan:
+        vni: 4096
+        port: 4789
+        underlay: ""           # interface of the node's InternalIP when empty
+      cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are routed;
+                               # empty: every Node's podCIDRs
+      masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
+      route_protocol: 110      # routes the agent owns carry this protocol number
+      resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
+      subnets_file: /var/lib/nodeplug/cluster/subnets.json   # where the CNI entry point reads this node's podCIDRs
 
 Without a Kubernetes API the section is ignored and the agent runs single-node as before.
 """
@@ -27,8 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cni.cluster.subnets import DEFAULT_PATH
-from nodeplug.configbase import AbsPath
+from cni.nodesubnets import DEFAULT_PATH
+from nodeplug.configbase import AbsPath, Section
 
 
 class VxlanConfig(BaseModel):
@@ -39,10 +38,7 @@ class VxlanConfig(BaseModel):
     underlay: str = Field(default="", max_length=15)
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
+class ClusterConfig(Section):
     mode: Literal["direct", "vxlan", "auto"] = "auto"
     vxlan: VxlanConfig = Field(default_factory=VxlanConfig)
     cluster_cidrs: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ Until the first complete list the kernel is not touched: routes, FDB and neighbo
 keep carrying traffic while the agent restarts or the API server is away, and the subnets file from the last run
 keeps the IPAM on this node's podCIDRs. This node's own Node object gives:
 
-- its podCIDRs, written to the subnets file (:mod:`cni.cluster.subnets`) with the pod MTU (the underlay's, less
+- its podCIDRs, written to the subnets file (:mod:`cni.nodesubnets`) with the pod MTU (the underlay's, less
   the VXLAN overhead in ``vxlan`` and ``auto`` modes);
 - its first InternalIP, the VXLAN device's local address, published with the device's MAC as annotations on the
   Node (a merge patch of exactly those two keys) so that peers can program their FDB and neighbours.
@@ -46,11 +46,12 @@ from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, IPNetwork, NodeInfo, Vtep, parse_node
 from cni.cluster.plan import Local, State, changes, desired
-from cni.cluster.subnets import NodeSubnets, SubnetsError, read
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
+from cni.nodesubnets import NodeSubnets, SubnetsError, read
 from nodeplug.fsutil import write_atomic
 from nodeplug.kube import KubeClient, ListWatch
+from nodeplug.kube.events import EventRecorder, Regarding
 from nodeplug.log import Logger
 from nodeplug.metrics import RPC_BUCKETS
 
@@ -61,17 +62,21 @@ CURE = (
 
 
 class Metrics:
-    """The cluster network's collectors, made once per agent registry (the service restarts on a config change)."""
+    """The cluster network's collectors: made with the plugin, added to the agent's registry while it runs (so that
+    a plugin stopped and started again by a config reload registers them again without clashing)."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self) -> None:
         self.pass_seconds = Histogram(
             "nodeplug_cluster_reconcile_seconds", "Cluster network reconcile passes, by kind (full or incremental).",
-            ["kind"], buckets=RPC_BUCKETS, registry=registry,
+            ["kind"], buckets=RPC_BUCKETS, registry=None,
         )  # fmt: skip
         self.changed = Counter(
-            "nodeplug_cluster_kernel_changes", "Routes, FDB and neighbour entries set or deleted.", registry=registry
+            "nodeplug_cluster_kernel_changes", "Routes, FDB and neighbour entries set or deleted.", registry=None
         )
-        self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=registry)
+        self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=None)
+
+    def collectors(self) -> tuple[Histogram, Counter, Gauge]:
+        return (self.pass_seconds, self.changed, self.peers)
 
 
 @dataclass
@@ -96,6 +101,7 @@ class ClusterNetwork:
         metrics: Metrics | None = None,
         lock_path: Path = Path(uninstall.LOCK),
         marker_path: Path = Path(uninstall.MARKER),
+        events: EventRecorder | None = None,
     ) -> None:
         self.cfg = cfg
         self.kube = kube
@@ -119,7 +125,8 @@ class ClusterNetwork:
         self._published: tuple[str, str] | None = None
         self._publish_failures = 0
         self._logged: tuple[frozenset[Any], frozenset[str]] = (frozenset(), frozenset())
-        self.metrics = metrics or Metrics(None)
+        self.metrics = metrics or Metrics()
+        self.events = events
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
         self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
@@ -396,9 +403,16 @@ class ClusterNetwork:
             return
         for (peer, version), why in sorted(unrouted - self._logged[0]):
             self.log.warning("peer pod subnet not routed", peer=peer, family=f"IPv{version}", reason=why)
+            self._event(Regarding.node(peer), "PodCIDRNotRouted", f"IPv{version} pod subnet not routed from node "
+                        f"{self.node}: {why}")  # fmt: skip
         for p in sorted(problems - self._logged[1]):
             self.log.warning("cluster network problem", problem=p)
+            self._event(Regarding.node(self.node), "ClusterNetworkProblem", p)
         self._logged = (unrouted, problems)
+
+    def _event(self, regarding: Regarding, reason: str, note: str) -> None:
+        if self.events is not None:
+            self.events.emit(regarding, "Warning", reason, note, action="Route")
 
     async def _publish(self, vtep: Vtep | None) -> None:
         if vtep is None or not self.own_seen:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cni.cluster import kernel, masq
-from cni.cluster.subnets import SubnetsError, read
 from cni.dataplane.nl import get_link, link_kind
 from cni.dataplane.rtnl import RTM_DELROUTE, RTM_GETROUTE, NetlinkError, Rtnl, rtmsg
+from cni.nodesubnets import SubnetsError, read
 
 
 @dataclass

@@ -12,7 +12,7 @@
 Nothing passed inward is a ``dict`` of the wire: objects are lightkube's models (msgspec structs, typed and checked on
 decode); their values are still the API's, to be checked by whoever acts on them. The API server is a source of
 truth the agent follows, never a dependency it waits on: nothing here blocks start-up, and a watch outlives any
-outage.
+outage. :mod:`nodeplug.kube.events` records the Events the plugins emit.
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ class Node:
         self.config.write_text(
             "http:\n  address: 127.0.0.1:9450\nshutdown_grace_seconds: 2\nlog_level: debug\n"
             "deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\n"
-            f"cni:\n  workers: 4\n  cluster:\n    mode: {mode}\n    resync_seconds: 30\n"
-            "    cluster_cidrs: [10.244.0.0/16, fd44::/48]\n" + extra
+            f"cni:\n  workers: 4\ncluster_network:\n  mode: {mode}\n  resync_seconds: 30\n"
+            "  cluster_cidrs: [10.244.0.0/16, fd44::/48]\n" + extra
         )
 
     def start(self) -> None:

@@ -8,7 +8,8 @@ import json
 import subprocess
 from typing import TYPE_CHECKING
 
-from nodeplug import cli, installcni
+from cni.install import bundle
+from nodeplug import cli
 
 if TYPE_CHECKING:
     from support.localcluster import Cluster  # the fixture's type
@@ -25,7 +26,7 @@ def test_the_image_runs_the_agent_with_the_bundle_where_install_cni_looks(cluste
     args = cli.build_parser().parse_args(config["Cmd"][1:])
     assert config["Cmd"][0] == "nodeplug" and args.command == "agent"
     assert str(args.config) == "/etc/nodeplug/agent.yaml"
-    assert f"NODEPLUG_CNI_BUNDLE={installcni.DEFAULT_BUNDLE}" in config["Env"]
+    assert f"NODEPLUG_CNI_BUNDLE={bundle.DEFAULT_BUNDLE}" in config["Env"]
 
 
 def test_the_image_holds_the_node_tools_and_no_build_tools(cluster: Cluster, ns: str) -> None:

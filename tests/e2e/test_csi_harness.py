@@ -87,12 +87,12 @@ SERVE = """
 import asyncio, sys
 from pathlib import Path
 from csi.config import Config
-from csi.plugin import create
+from csi.plugin import CsiPlugin
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
 
 async def main():
-    plugin = create(Config(), AgentContext(root=Root(Path(sys.argv[1]))))
+    plugin = CsiPlugin(Config(), AgentContext(root=Root(Path(sys.argv[1]))))
     await plugin.start()
     print("ready", flush=True)
     await asyncio.Event().wait()

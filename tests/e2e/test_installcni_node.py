@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cni import thick
-from cni.cluster.subnets import NodeSubnets
+from cni.nodesubnets import NodeSubnets
 
 from lab.cniexec import exec_plugin
 from support.processes import stop

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeplug import cli, installcni
+from cni.install import bundle as installed_bundle
+from cni.install import conflist as conflists
+from cni.install.errors import InputError
+from nodeplug import cli
 
 from support.cnihost import VERSION_REPLY, cni_host
 
@@ -50,7 +53,7 @@ def link(host: Path) -> Path:
 
 
 def conflist(host: Path) -> Path:
-    return host / "etc/cni/net.d" / installcni.DEFAULT_CONFLIST
+    return host / "etc/cni/net.d" / conflists.DEFAULT_CONFLIST
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
@@ -73,16 +76,16 @@ def version_via(path: Path) -> dict[str, object]:
 def test_install_puts_the_bundle_behind_a_symlink_and_writes_the_conflist(host: Path, bundle: Path) -> None:
     assert cni(host, "--bundle", str(bundle)) == 0
     target = os.readlink(link(host))
-    bid = installcni.bundle_id(bundle)
+    bid = installed_bundle.bundle_id(bundle)
     assert target == f"nodeplug.d/{bid}/nodeplug"
     installed = host / "opt/cni/bin/nodeplug.d" / bid
-    assert installcni.bundle_id(installed) == bid
+    assert installed_bundle.bundle_id(installed) == bid
     assert os.readlink(installed / "_internal/alias.txt") == "data.txt"
     assert os.access(installed / "nodeplug", os.X_OK) and not os.access(installed / "_internal/data.txt", os.X_OK)
     assert "1.0.0" in version_via(link(host))["supportedVersions"]  # type: ignore[operator]
     conf = json.loads(conflist(host).read_text())
     assert conf["name"] == "nodeplug" and conf["plugins"][0]["type"] == "nodeplug"
-    assert conf["plugins"][0]["ipam"] == {"type": "nodeplug", "ranges": [[{"subnet": installcni.DEFAULT_SUBNET}]]}
+    assert conf["plugins"][0]["ipam"] == {"type": "nodeplug", "ranges": [[{"subnet": conflists.DEFAULT_SUBNET}]]}
     assert not [p for p in host.rglob("*") if ".tmp" in p.name]
 
 
@@ -97,7 +100,7 @@ def test_a_second_install_changes_nothing(host: Path, bundle: Path, capsys: pyte
 
 def test_an_upgrade_switches_the_link_and_keeps_only_the_previous_build(host: Path, tmp_path: Path) -> None:
     b1, b2, b3 = (make_bundle(tmp_path / f"b{i}", str(i)) for i in (1, 2, 3))
-    ids = [installcni.bundle_id(b) for b in (b1, b2, b3)]
+    ids = [installed_bundle.bundle_id(b) for b in (b1, b2, b3)]
     assert len(set(ids)) == 3
     builds = host / "opt/cni/bin/nodeplug.d"
     assert cni(host, "--bundle", str(b1)) == 0
@@ -119,22 +122,22 @@ def test_a_bundle_that_does_not_answer_version_is_never_linked(host: Path, bundl
 
 def test_a_damaged_installed_build_is_repaired(host: Path, bundle: Path) -> None:
     assert cni(host, "--bundle", str(bundle)) == 0
-    installed = host / "opt/cni/bin/nodeplug.d" / installcni.bundle_id(bundle)
+    installed = host / "opt/cni/bin/nodeplug.d" / installed_bundle.bundle_id(bundle)
     (installed / "_internal/data.txt").write_text("changed by hand")
     assert cni(host, "--bundle", str(bundle)) == 0
-    assert installcni.bundle_id(installed) == installcni.bundle_id(bundle)
+    assert installed_bundle.bundle_id(installed) == installed_bundle.bundle_id(bundle)
     assert not [p for p in host.rglob("*") if ".tmp-" in p.name]
 
 
 def test_leftovers_of_a_crash_are_cleaned_up(host: Path, bundle: Path) -> None:
     builds = host / "opt/cni/bin/nodeplug.d"
     builds.mkdir()
-    (builds / f".tmp-{installcni.bundle_id(bundle)}-99999").mkdir()
+    (builds / f".tmp-{installed_bundle.bundle_id(bundle)}-99999").mkdir()
     (builds / ".tmp-x-1" / "half").mkdir(parents=True)
     os.symlink("nodeplug.d/x/nodeplug", host / "opt/cni/bin/.nodeplug.tmp-99999")
     (host / "etc/cni/net.d/.10-nodeplug.conflist.tmp-99999").write_text("{")
     assert cni(host, "--bundle", str(bundle)) == 0
-    assert [p.name for p in builds.iterdir()] == [installcni.bundle_id(bundle)]
+    assert [p.name for p in builds.iterdir()] == [installed_bundle.bundle_id(bundle)]
     assert not [p for p in host.rglob("*") if ".tmp-" in p.name]
     assert "1.0.0" in version_via(link(host))["supportedVersions"]  # type: ignore[operator]
 
@@ -215,10 +218,10 @@ def test_generated_conflists_parse_as_the_entry_point_parses_them() -> None:
     args = parser.parse_args(
         ["install-cni", "--subnet", "10.60.0.0/16", "--subnet", "fd60::/64", "--mtu", "1400", "--no-ip-masq"]
     )
-    conf = installcni.generate_conflist(args)
-    installcni.check_conflist(conf, "generated")
+    conf = conflists.generate_conflist(args)
+    conflists.check_conflist(conf, "generated")
     plugin = conf["plugins"][0]
     assert plugin["ipam"]["ranges"] == [[{"subnet": "10.60.0.0/16"}], [{"subnet": "fd60::/64"}]]
     assert plugin["mtu"] == 1400 and plugin["ipMasq"] is False
-    with pytest.raises(installcni.InputError, match="bridge"):
-        installcni.check_conflist({**conf, "plugins": [{**plugin, "bridge": "x" * 16}]}, "generated")
+    with pytest.raises(InputError, match="bridge"):
+        conflists.check_conflist({**conf, "plugins": [{**plugin, "bridge": "x" * 16}]}, "generated")

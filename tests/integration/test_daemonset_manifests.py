@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from cni.install import bundle, conflist
 from csi.plugin import csi_socket_default, registration_socket_default
-from nodeplug import cli, installcni, paths
+from nodeplug import cli, paths
 from nodeplug.config import AgentConfig
 
 from support.manifests import container, containers, key, one
@@ -191,7 +192,7 @@ def test_the_network_ipam_data_and_socket_of_the_conflist_are_mounted(
 ) -> None:
     init = container(pod, "install-cni")
     args = cli.build_parser().parse_args(init["command"][1:])
-    conf = installcni.generate_conflist(args)
+    conf = conflist.generate_conflist(args)
     plugin = conf["plugins"][0]
     from cni.netconf import BridgeConf
     from cni.netconf import parse as parse_netconf
@@ -225,8 +226,8 @@ def test_every_flag_passed_to_nodeplug_exists_in_the_cli(pod: dict[str, Any]) ->
 def test_install_cni_copies_from_where_the_image_puts_the_bundle(pod: dict[str, Any]) -> None:
     args = cli.build_parser().parse_args(container(pod, "install-cni")["command"][1:])
     assert args.command == "install-cni" and not args.uninstall
-    assert str(args.bundle) == installcni.DEFAULT_BUNDLE
-    assert f"COPY --from=builder /out/cni-bundle {installcni.DEFAULT_BUNDLE}" in (BASE / "Dockerfile").read_text()
+    assert str(args.bundle) == bundle.DEFAULT_BUNDLE
+    assert f"COPY --from=builder /out/cni-bundle {bundle.DEFAULT_BUNDLE}" in (BASE / "Dockerfile").read_text()
     for flag_dir in (args.bin_dir, args.conf_dir):
         assert _mounted(flag_dir, pod, "install-cni") is not None, flag_dir
     from cni.cluster import uninstall

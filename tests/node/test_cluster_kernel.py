@@ -19,10 +19,10 @@ from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
-from cni.cluster.subnets import NodeSubnets
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import Rtnl
-from nodeplug import cninetwork
+from cni.install import network
+from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
 from support.host import needs_root, sh
@@ -238,7 +238,7 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
 
     inside(node, last_agent)
     said: list[str] = []
-    inside(node, lambda nl: cninetwork.remove_cluster_network(root, said.append, timeout=5))
+    inside(node, lambda nl: network.remove_cluster_network(root, said.append, timeout=5))
     assert "removed 1 route(s) of protocol 112: 10.244.5.0/24" in said[0], said
     assert f"removed {subnets}" in said and not subnets.exists()
     assert owned_left(node)["vxlan"] == "" and owned_left(node)["tables"] == []
@@ -246,7 +246,7 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
     assert_foreign_kept(node)
     assert uninstall.requested(root(uninstall.MARKER)) and not root(uninstall.LOCK).exists()
     # in another netns (here: the test's own), the same root's uninstall leaves the kernel alone
-    assert cninetwork.on_this_node(root) is False  # no record left: a temporary root is nobody's node
+    assert network.on_this_node(root) is False  # no record left: a temporary root is nobody's node
 
 
 # ---------------------------------------------------------------- a pass of the agent, with a hostile Node
@@ -299,7 +299,7 @@ def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_rou
 def test_the_doctor_names_the_node_whose_route_is_missing(node: str) -> None:
     """b's IPv4 podCIDR is a's (so b gets no IPv4 route) while b's IPv6 one is routed: a missing route to the shared
     IPv4 network is a's. The check once took the owner from every node with a path, whatever its family."""
-    from cni.cluster.check import _compare
+    from cni.cluster.doctor import _compare
 
     nodes = [
         NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),

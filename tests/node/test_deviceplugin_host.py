@@ -12,7 +12,7 @@ import pytest
 
 from deviceplugin.config import Config, PciMatch, Resource
 from deviceplugin.discovery import discover
-from deviceplugin.plugin import create
+from deviceplugin.plugin import DevicePlugin
 from deviceplugin.uevent import UeventMonitor
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
@@ -96,7 +96,7 @@ async def test_kernel_uevent_rescans_sysfs_resources(short: Path) -> None:
             ],
         }
     )
-    plugin = create(cfg, AgentContext(root=Root(short)))
+    plugin = DevicePlugin(cfg, AgentContext(root=Root(short)))
     await plugin.start()
     try:
 

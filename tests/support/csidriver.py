@@ -2,7 +2,7 @@
 
 Shared by the CSI tests: its fixture ``csi_driver`` (tests/conftest.py registers this module as a plugin), or
 :func:`running_driver` for a root or config of their own. :class:`Driver` starts the plugin with
-``csi.plugin.create`` on a short temporary root (unix socket paths are limited to 107 bytes), talks to it with the
+``csi.plugin.CsiPlugin`` on a short temporary root (unix socket paths are limited to 107 bytes), talks to it with the
 generated stubs over the real socket, lays out staging and target paths in kubelet's shapes, restarts the plugin on
 the same root, and at teardown removes every mount and loop device left under the root even when a test failed.
 """
@@ -24,7 +24,7 @@ import pytest
 from grpc import aio
 
 from csi.config import Config
-from csi.plugin import CsiPlugin, create
+from csi.plugin import CsiPlugin
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
@@ -53,7 +53,7 @@ class Driver:
         self._channel: aio.Channel | None = None
 
     async def start(self) -> None:
-        self.plugin = create(self.config, AgentContext(root=Root(self.root)))
+        self.plugin = CsiPlugin(self.config, AgentContext(root=Root(self.root)))
         await self.plugin.start()
         self._channel = aio.insecure_channel(f"unix://{self.plugin.socket_path}")
         self.identity = csi_pb2_grpc.IdentityStub(self._channel)

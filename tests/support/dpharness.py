@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.config import Config
-from deviceplugin.plugin import DevicePlugin, create
+from deviceplugin.plugin import DevicePlugin
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, Root
 from nodeplug.plugin import AgentContext
 
@@ -48,7 +48,7 @@ class Harness:
     async def start(self, cfg: Config, kubelet: bool = True) -> DevicePlugin:
         if kubelet:
             await self.kubelet.start()
-        self.plugin = create(cfg, self.ctx)
+        self.plugin = DevicePlugin(cfg, self.ctx)
         await self.plugin.start()
         return self.plugin
 

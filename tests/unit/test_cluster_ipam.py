@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from cni.cluster.subnets import NodeSubnets
 from cni.errors import PLUGIN_NOT_AVAILABLE, TRY_AGAIN_LATER, CniError
 from cni.ipam import service
 from cni.ipam.store import MemoryStore
 from cni.netconf import parse
+from cni.nodesubnets import NodeSubnets
 
 
 def conf(path: Path, **extra: Any) -> dict[str, Any]:

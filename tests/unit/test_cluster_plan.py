@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, NodeInfo, Vtep, parse_mac, parse_node
 from cni.cluster.plan import Local, RouteSpec, State, changes, desired
-from cni.cluster.subnets import NodeSubnets, SubnetsError, read
+from cni.nodesubnets import NodeSubnets, SubnetsError, read
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from cni.cluster import uninstall
 from cni.cluster.config import ClusterConfig
-from nodeplug import cli, cninetwork
+from cni.install import network
+from nodeplug import cli
 from nodeplug.paths import Root
 
 from support.wait import eventually
@@ -145,9 +146,9 @@ def test_without_an_agent_record_a_temporary_root_is_left_as_it_is(tmp_path: Pat
     root = tmp_path / "host"
     root.mkdir()
     said: list[str] = []
-    cninetwork.remove_cluster_network(Root(root), said.append)
+    network.remove_cluster_network(Root(root), said.append)
     assert files(root) == set() and said == []
-    assert cninetwork.on_this_node(Root(root)) is False
+    assert network.on_this_node(Root(root)) is False
 
 
 def test_uninstall_asks_the_running_agent_and_waits_for_it(tmp_path: Path) -> None:
@@ -156,8 +157,8 @@ def test_uninstall_asks_the_running_agent_and_waits_for_it(tmp_path: Path) -> No
     root = Root(tmp_path)
     agent = uninstall.Lock(root(uninstall.LOCK))
     assert agent.try_acquire()
-    agent.write(uninstall.Record("node-a", "0:1", 110, str(root(cninetwork.DEFAULT_SUBNETS))))
-    assert cninetwork.on_this_node(root) is False
+    agent.write(uninstall.Record("node-a", "0:1", 110, str(root(network.DEFAULT_SUBNETS))))
+    assert network.on_this_node(root) is False
 
     released = threading.Event()
 
@@ -171,12 +172,12 @@ def test_uninstall_asks_the_running_agent_and_waits_for_it(tmp_path: Path) -> No
     t = threading.Thread(target=stand_down)
     t.start()
     said: list[str] = []
-    cninetwork.remove_cluster_network(root, said.append, timeout=60)
+    network.remove_cluster_network(root, said.append, timeout=60)
     assert released.is_set()  # it returned only once the agent had stood down
     t.join()
     assert "asked the running agent" in said[0] and "another network namespace" in said[1], said
     assert uninstall.requested(root(uninstall.MARKER))  # until the next install
-    cninetwork.withdraw_uninstall(root, said.append)
+    network.withdraw_uninstall(root, said.append)
     assert not uninstall.requested(root(uninstall.MARKER)) and "withdrew" in said[-1]
 
 
@@ -186,11 +187,11 @@ def test_an_agent_that_does_not_stand_down_fails_the_uninstall_naming_the_reques
     root = Root(tmp_path)
     agent = uninstall.Lock(root(uninstall.LOCK))
     assert agent.try_acquire()
-    agent.write(uninstall.Record("node-a", "0:1", 110, str(root(cninetwork.DEFAULT_SUBNETS))))
+    agent.write(uninstall.Record("node-a", "0:1", 110, str(root(network.DEFAULT_SUBNETS))))
     try:
-        with pytest.raises(cninetwork.NetworkError, match="did not remove the cluster network within 1 s"):
-            cninetwork.remove_cluster_network(root, print, timeout=1)
-        monkeypatch.setattr(cninetwork, "AGENT_TIMEOUT", 0.5)
+        with pytest.raises(network.NetworkError, match="did not remove the cluster network within 1 s"):
+            network.remove_cluster_network(root, print, timeout=1)
+        monkeypatch.setattr(network, "AGENT_TIMEOUT", 0.5)
         assert cli.main(["install-cni", "--root", str(tmp_path), "--uninstall"]) == 1
     finally:
         agent.release()

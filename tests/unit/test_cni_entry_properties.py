@@ -27,7 +27,7 @@ from cni.config import Config
 from cni.errors import CniError
 from cni.ipam.store import MemoryStore
 from cni.netconf import BridgeConf
-from cni.plugin import create
+from cni.plugin import CniPlugin
 from cni.types import Interface, IPConfig, Result, Route
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
@@ -284,7 +284,7 @@ def running_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The agent's CNI plugin on an event loop of its own thread, with the real protocol over a quiet dataplane."""
     root = Path(os.path.realpath(tmp_path_factory.mktemp("agent")))
     loop = asyncio.new_event_loop()
-    plugin = create(Config(handshake_timeout=0.5, max_request_bytes=4096), AgentContext(root=Root(root)))
+    plugin = CniPlugin(Config(handshake_timeout=0.5, max_request_bytes=4096), AgentContext(root=Root(root)))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(plugin.start(), loop).result(30)

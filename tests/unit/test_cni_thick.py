@@ -23,7 +23,7 @@ import cni.dataplane
 from cni import commands, entry, skel, thick
 from cni.config import Config
 from cni.ipam.store import MemoryStore
-from cni.plugin import CniPlugin, create
+from cni.plugin import CniPlugin
 from cni.types import Result
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext
@@ -70,7 +70,7 @@ class Gate:
 
 @pytest.fixture
 async def agent(tmp_root: Path) -> AsyncIterator[tuple[CniPlugin, Gate, Path]]:
-    plugin = create(Config(workers=4), AgentContext(root=Root(tmp_root)))
+    plugin = CniPlugin(Config(workers=4), AgentContext(root=Root(tmp_root)))
     await plugin.start()
     handler = Gate()
     plugin._table = {c: handler for c in ("ADD", "DEL", "CHECK", "GC", "STATUS")}
@@ -121,7 +121,7 @@ async def test_same_container_serialised_different_containers_concurrent(
 
 
 async def test_stop_removes_the_socket_and_readiness_drops(tmp_root: Path) -> None:
-    plugin = create(Config(), AgentContext(root=Root(tmp_root)))
+    plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))
     assert not plugin.readiness().ready
     await plugin.start()
     sock = tmp_root / "run/nodeplug/cni.sock"
@@ -145,7 +145,7 @@ async def test_the_socket_is_never_open_to_others_whatever_the_umask(
     monkeypatch.setattr(asyncio, "start_unix_server", watched)
     old = os.umask(0)
     try:
-        plugin = create(Config(), AgentContext(root=Root(tmp_root)))
+        plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))
         await plugin.start()
     finally:
         os.umask(old)
@@ -304,7 +304,7 @@ def test_a_nonsense_handed_fd_from_the_environment_is_ignored(tmp_path: Path, fd
 
 def test_agent_drops_a_request_whose_client_never_sends_go(tmp_root: Path) -> None:
     async def scenario() -> list[tuple[str, str]]:
-        plugin = create(Config(handshake_timeout=0.2), AgentContext(root=Root(tmp_root)))
+        plugin = CniPlugin(Config(handshake_timeout=0.2), AgentContext(root=Root(tmp_root)))
         await plugin.start()
         handler = Gate()
         plugin._table = {"ADD": handler}
@@ -323,7 +323,7 @@ def test_a_request_larger_than_the_agent_takes_is_a_clear_error_not_a_fallback(t
     """Regression (issue 11, CNI 10): it used to be dropped silently and done standalone instead."""
 
     async def scenario() -> tuple[int, Any]:
-        plugin = create(Config(max_request_bytes=4096), AgentContext(root=Root(tmp_root)))
+        plugin = CniPlugin(Config(max_request_bytes=4096), AgentContext(root=Root(tmp_root)))
         await plugin.start()
         handler = Gate()
         plugin._table = {"ADD": handler}
@@ -340,7 +340,7 @@ def test_a_request_larger_than_the_agent_takes_is_a_clear_error_not_a_fallback(t
 
 def test_garbage_and_configs_for_another_agent_are_not_run(tmp_root: Path) -> None:
     async def scenario() -> tuple[bytes, bytes, list[tuple[str, str]]]:
-        plugin = create(Config(), AgentContext(root=Root(tmp_root)))
+        plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))
         await plugin.start()
         handler = Gate()
         plugin._table = {"ADD": handler}
@@ -368,7 +368,7 @@ def test_a_fifo_as_netns_is_refused_at_once_and_wedges_nothing(tmp_root: Path, t
     ipam = {"type": "nodeplug", "ranges": [[{"subnet": "10.62.0.0/24"}]], "dataDir": str(tmp_path)}
 
     async def scenario() -> tuple[tuple[int, Any], tuple[int, Any]]:
-        plugin = create(Config(workers=1), AgentContext(root=Root(tmp_root)))
+        plugin = CniPlugin(Config(workers=1), AgentContext(root=Root(tmp_root)))
         await plugin.start()
         plugin._table = commands.table(cni.dataplane, lambda data_dir, network: store)
         sock = tmp_root / "run/nodeplug/cni.sock"
@@ -423,7 +423,7 @@ async def test_thick_mode_add_imports_no_netlink_and_no_private_modules(agent: t
 
 
 async def test_reload_moves_the_socket(tmp_root: Path) -> None:
-    plugin = create(Config(), AgentContext(root=Root(tmp_root)))
+    plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))
     await plugin.start()
     try:
         await plugin.reload(Config(workers=2))  # same socket, new pool: restarted in place

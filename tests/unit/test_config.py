@@ -47,10 +47,14 @@ def test_root_flag_overrides_file(tmp_path: Path) -> None:
         ({"deviceplugin": []}, "deviceplugin: input should be a valid dictionary"),
         ({"cni": {"enabled": None}}, "cni.enabled: input should be a valid boolean, got None"),
         ({"cni": {"socket": "run/cni.sock"}}, "cni.socket: expected an absolute path, got 'run/cni.sock'"),
-        ({"cni": {"cluster": {"subnets_file": "s.json"}}}, "cni.cluster.subnets_file: expected an absolute path"),
+        ({"cluster_network": {"subnets_file": "s.json"}}, "cluster_network.subnets_file: expected an absolute path"),
         (
-            {"cni": {"cluster": {"subnets_file": "/var/lib/../../etc/x"}}},
-            "cni.cluster.subnets_file: expected a path without '..' or NUL",
+            {"cluster_network": {"subnets_file": "/var/lib/../../etc/x"}},
+            "cluster_network.subnets_file: expected a path without '..' or NUL",
+        ),
+        (
+            {"cni": {"cluster": {"mode": "direct"}}, "cluster_network": {"mode": "vxlan"}},
+            "cni.cluster: moved to cluster_network, which is also given",
         ),
     ],
 )

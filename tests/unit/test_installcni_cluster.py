@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeplug import cli, installcni, refplugins
+from cni import nodesubnets
+from cni.install import conflist, refplugins
+from nodeplug import cli
 
 from support.cnihost import VERSION_REPLY, cni_host
 
@@ -99,9 +101,9 @@ def test_cluster_network_conflist_takes_ranges_from_the_node_and_leaves_masquera
     host: Path, bundle: Path, refs: Path
 ) -> None:
     assert install(host, bundle, refs, "--cluster-network", "--portmap") == 0
-    conf = json.loads((host / "etc/cni/net.d" / installcni.DEFAULT_CONFLIST).read_text())
+    conf = json.loads((host / "etc/cni/net.d" / conflist.DEFAULT_CONFLIST).read_text())
     plugin, portmap = conf["plugins"]
-    assert plugin["ipam"] == {"type": "nodeplug", "nodeSubnets": installcni.DEFAULT_NODE_SUBNETS}
+    assert plugin["ipam"] == {"type": "nodeplug", "nodeSubnets": nodesubnets.DEFAULT_PATH}
     assert plugin["ipMasq"] is False and "mtu" not in plugin  # the MTU comes with the node's subnets
     assert portmap == {"type": "portmap", "capabilities": {"portMappings": True}}
     assert install(host, bundle, refs, "--cluster-network", "--subnet", "10.1.0.0/16") == 2

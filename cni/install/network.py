@@ -23,14 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cni.cluster import subnets as _subnets  # standard library only
+from cni.nodesubnets import DEFAULT_PATH as DEFAULT_SUBNETS
 from nodeplug import commands
 from nodeplug.paths import Root
 
 MASQ_TABLE = ("inet", "nodeplug")
 TIMEOUT = 10.0
 AGENT_TIMEOUT = 30.0  # for the running agent to finish its pass and remove the cluster network (milliseconds, usually)
-DEFAULT_SUBNETS = _subnets.DEFAULT_PATH
 DEFAULT_PROTOCOL = 110  # cni.cluster.route_protocol's default (its config model is not imported here: pydantic)
 
 

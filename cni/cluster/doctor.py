@@ -17,8 +17,9 @@ from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo, Vtep, parse_node
 from cni.cluster.plan import Local, desired
 from cni.dataplane.nl import links
-from nodeplug.checks import CheckFailed, CheckSkipped
+from nodeplug.checks import Check, CheckFailed, CheckSkipped
 from nodeplug.kube import KubeClient, KubeError
+from nodeplug.plugin import AgentContext
 
 
 async def list_nodes(kube: KubeClient) -> list[NodeInfo]:
@@ -75,7 +76,7 @@ async def peers_routed(cfg: ClusterConfig, kube: KubeClient | None, node: str) -
     if kube is None:
         raise CheckSkipped("no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node")
     if not cfg.enabled:
-        raise CheckSkipped("cni.cluster.enabled is false")
+        raise CheckSkipped("cluster_network.enabled is false")
     try:
         nodes = await list_nodes(kube)
     except KubeError as e:
@@ -86,3 +87,10 @@ async def peers_routed(cfg: ClusterConfig, kube: KubeClient | None, node: str) -
         shown: Any = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckFailed(f"{summary}; {shown}")
     return f"{summary}, every peer pod subnet routed"
+
+
+def checks(section: ClusterConfig, ctx: AgentContext) -> list[Check]:
+    async def routed() -> str:
+        return await peers_routed(section, ctx.kube, ctx.node_name)
+
+    return [Check("cluster_network", "peer pod subnets routed as the mode says", routed)]

@@ -1,4 +1,5 @@
-"""This node's pod subnets, as the agent last saw them on its Node object: the file the CNI entry point reads.
+"""This node's pod subnets, as the agent last saw them on its Node object: the contract between the cluster network
+(:mod:`cni.cluster`, which writes the file) and the CNI IPAM (which reads it).
 
 ::
 
