@@ -23,15 +23,9 @@ from nodeplug.plugin import AgentContext
 
 
 async def list_nodes(kube: KubeClient) -> list[NodeInfo]:
-    nodes: list[NodeInfo] = []
-    params = {"limit": "500"}
-    while True:
-        page = await kube.get_json("/api/v1/nodes", params)
-        nodes += [n for obj in page.get("items") or () if isinstance(obj, dict) and (n := parse_node(obj))]
-        token = (page.get("metadata") or {}).get("continue")
-        if not token:
-            return nodes
-        params["continue"] = str(token)
+    from lightkube.resources.core_v1 import Node
+
+    return [n for obj in await kube.list(Node) if (n := parse_node(obj)) is not None]
 
 
 def _compare(cfg: ClusterConfig, node: str, nodes: list[NodeInfo]) -> tuple[list[str], dict[str, int]]:

@@ -1,6 +1,7 @@
 """Node objects, as the API server sends them (hostile input), parsed into what the cluster network needs.
 
-A Node is read for:
+A Node arrives as lightkube's model (``lightkube.resources.core_v1.Node``), decoded and checked against the API's
+schema at the edge (:mod:`nodeplug.kube`): its fields have their types, its values are still hostile. It is read for:
 
 - ``spec.podCIDRs`` (``spec.podCIDR`` on its own when the list is absent): at most one network per address family,
   host bits zero, not a host route;
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # types only: lightkube is loaded by whoever reads Nodes from the API
+    from lightkube.resources.core_v1 import Node
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -52,10 +55,6 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _dict(v: Any) -> Mapping[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
 def parse_mac(text: Any) -> str | None:
     """A unicast MAC address in canonical form, or None."""
     if not isinstance(text, str):
@@ -82,21 +81,21 @@ def _usable(ip: IPAddress) -> bool:
     return not (ip.is_unspecified or ip.is_multicast or ip.is_loopback or ip.is_link_local)
 
 
-def parse_node(obj: Mapping[str, Any]) -> NodeInfo | None:
+def parse_node(node: Node) -> NodeInfo | None:
     """The parts of a Node the network uses; None when it has no name."""
-    meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
-    name = meta.get("name")
-    if not isinstance(name, str) or not name or len(name) > 253:
+    meta, spec, status = node.metadata, node.spec, node.status
+    name = meta.name if meta is not None else None
+    if not name or len(name) > 253:
         return None
     problems: list[str] = []
 
-    raw = spec.get("podCIDRs")
-    if raw is None and spec.get("podCIDR"):
-        raw = [spec.get("podCIDR")]
+    raw = spec.podCIDRs if spec is not None else None
+    if raw is None and spec is not None and spec.podCIDR:
+        raw = [spec.podCIDR]
     cidrs: list[IPNetwork] = []
-    for i, text in enumerate(raw if isinstance(raw, list) else []):
+    for i, text in enumerate(raw or []):
         try:
-            net = ipaddress.ip_network(text, strict=True) if isinstance(text, str) else None
+            net = ipaddress.ip_network(text, strict=True)
         except ValueError:
             net = None
         if net is None or net.prefixlen > net.max_prefixlen - 2 or not _usable(net.network_address):
@@ -105,23 +104,19 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo | None:
             problems.append(f"spec.podCIDRs[{i}]: a second IPv{net.version} network ({net}) is ignored")
         else:
             cidrs.append(net)
-    if raw is not None and not isinstance(raw, list):
-        problems.append(f"spec.podCIDRs: expected a list, got {_show(raw)}")
 
     ips: list[IPAddress] = []
-    addresses = status.get("addresses")
-    for i, a in enumerate(addresses if isinstance(addresses, list) else []):
-        a = _dict(a)
-        if a.get("type") != "InternalIP":
+    for i, a in enumerate((status.addresses if status is not None else None) or []):
+        if a.type != "InternalIP":
             continue
-        ip = _address(a.get("address"))
+        ip = _address(a.address)
         if ip is None or not _usable(ip):
-            problems.append(f"status.addresses[{i}]: expected a unicast InternalIP, got {_show(a.get('address'))}")
+            problems.append(f"status.addresses[{i}]: expected a unicast InternalIP, got {_show(a.address)}")
         elif ip not in ips:
             ips.append(ip)
 
     vtep = None
-    notes = _dict(meta.get("annotations"))
+    notes = meta.annotations if meta is not None and isinstance(meta.annotations, dict) else {}  # a free map
     if VTEP_MAC in notes or VTEP_ADDRESS in notes:
         mac = parse_mac(notes.get(VTEP_MAC))
         addr = _address(notes.get(VTEP_ADDRESS))

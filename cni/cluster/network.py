@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
 from prometheus_client import Counter, Gauge, Histogram
 
 from cni.cluster import kernel, masq, teardown, uninstall
@@ -50,7 +49,7 @@ from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
 from nodeplug.fsutil import write_atomic
-from nodeplug.kube import KubeClient, ListWatch
+from nodeplug.kube import KubeClient, KubeError, ListWatch
 from nodeplug.kube.events import EventRecorder, Regarding
 from nodeplug.log import Logger
 from nodeplug.metrics import RPC_BUCKETS
@@ -176,7 +175,7 @@ class ClusterNetwork:
                 self._full = True
             else:
                 assert ev.obj is not None
-                info = parse_node(ev.obj.to_dict())
+                info = parse_node(ev.obj)
                 if info is None:
                     continue
                 if ev.type == "DELETED":
@@ -423,8 +422,8 @@ class ClusterNetwork:
             return
         patch = {"metadata": {"annotations": {VTEP_MAC: want[0], VTEP_ADDRESS: want[1]}}}
         try:
-            await self.kube.api.patch(Node, self.node, patch, patch_type=PatchType.MERGE)
-        except Exception as e:  # retried with backoff (and on every pass)
+            await self.kube.merge_patch(Node, self.node, patch)
+        except KubeError as e:  # retried with backoff (and on every pass)
             self._publish_failures += 1
             delay = self.watch.backoff.delay(self._publish_failures)
             self.log.warning("cannot publish this node's VTEP on its Node", error=str(e) or repr(e), retry=delay)

@@ -238,14 +238,11 @@ class EventRecorder:
         from lightkube.models.events_v1 import EventSeries
         from lightkube.models.meta_v1 import ObjectMeta
         from lightkube.resources.events_v1 import Event
-        from lightkube.types import PatchType
 
         count, last = series.count, series.last
         if series.name:
             patch = {"series": {"count": count, "lastObservedTime": _micro(last).isoformat(timespec="microseconds")}}
-            await self.kube.api.patch(
-                Event, series.name, patch, namespace=key.regarding.event_namespace, patch_type=PatchType.MERGE
-            )
+            await self.kube.merge_patch(Event, series.name, patch, namespace=key.regarding.event_namespace)
             series.sent_count, series.last_patch = count, self.clock()
             return
         r = key.regarding
@@ -264,5 +261,5 @@ class EventRecorder:
                 apiVersion=r.api_version, kind=r.kind, name=r.name, namespace=r.namespace or None, uid=r.uid or None
             ),
         )
-        await self.kube.api.create(event)
+        await self.kube.create(event)
         series.name, series.sent_count, series.last_patch = name, count, self.clock()
