@@ -5,6 +5,7 @@ own (another protocol's route, another device) is touched. The uninstall's remov
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from cni.cluster import kernel, masq, teardown, uninstall
@@ -26,6 +28,7 @@ from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
 from support.host import needs_root, sh
+from support.wait import eventually
 
 pytestmark = needs_root
 net, ip = ipaddress.ip_network, ipaddress.ip_address
@@ -252,32 +255,62 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
 # ---------------------------------------------------------------- a pass of the agent, with a hostile Node
 
 
-def one_pass(ns: str, tmp_path: Path, nodes: dict[str, NodeInfo], masquerade: bool) -> Any:
-    """One full reconcile pass of node n1's agent (direct mode) in netns ``ns`` over ``nodes``; no API is reached."""
-    import asyncio
+def node_json(info: NodeInfo) -> dict[str, Any]:
+    """``info`` as the API server sends a Node."""
+    return {
+        "kind": "Node", "apiVersion": "v1", "metadata": {"name": info.name, "resourceVersion": "1"},
+        "spec": {"podCIDRs": [str(c) for c in info.pod_cidrs]},
+        "status": {"addresses": [{"type": "InternalIP", "address": str(a)} for a in info.internal_ips]},
+    }  # fmt: skip
 
-    from cni.cluster.network import ClusterNetwork
+
+def api_server(tmp_path: Path, nodes: dict[str, NodeInfo]) -> Any:
+    """A client of an API server (scripted, in this process) that lists ``nodes`` and has no change to tell."""
     from nodeplug.kube import KubeClient, resolve
-    from nodeplug.log import get_logger
+
+    listing = {
+        "kind": "NodeList",
+        "metadata": {"resourceVersion": "1"},
+        "items": [node_json(n) for n in nodes.values()],
+    }
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        if request.url.params.get("watch") == "1":
+            return httpx2.Response(200, content=b"")  # nothing changes
+        return httpx2.Response(200, json=listing)
 
     kc = tmp_path / "kubeconfig"
     kc.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443"}}]\n'
+        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443", insecure-skip-tls-verify: true}}]\n'
         "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
     )
     src = resolve(kc, env={})
     assert src is not None
-    kube = KubeClient(src)
-    cfg = ClusterConfig(mode="direct", masquerade=masquerade)
-    agent = ClusterNetwork(cfg, kube, "n1", tmp_path / "subnets.json", get_logger("cni"),
-                           lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
-    try:
-        return inside(ns, lambda nl: agent._pass(nodes, True))
-    finally:
-        if agent._nl is not None:
-            agent._nl.close()
-        asyncio.run(kube.close())
+    return KubeClient(src, transport=httpx2.MockTransport(answer))
+
+
+def one_pass(ns: str, tmp_path: Path, nodes: dict[str, NodeInfo], masquerade: bool) -> Any:
+    """Node n1's agent (direct mode) in netns ``ns`` following an API server that lists ``nodes``: the outcome of
+    its first pass over them."""
+    from cni.cluster.network import ClusterNetwork
+    from nodeplug.log import get_logger
+
+    async def scenario() -> Any:
+        kube = api_server(tmp_path, nodes)
+        cfg = ClusterConfig(mode="direct", masquerade=masquerade)
+        agent = ClusterNetwork(cfg, kube, "n1", tmp_path / "subnets.json", get_logger("cni"),
+                               lock_path=tmp_path / "lock", marker_path=tmp_path / "marker")  # fmt: skip
+        before = agent.outcome
+        await agent.start()
+        try:
+            await eventually(lambda: agent.outcome is not before, 60, "the agent's first pass")
+            return agent.outcome
+        finally:
+            await agent.stop()
+            await kube.close()
+
+    return inside(ns, lambda _nl: asyncio.run(scenario()))
 
 
 def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_routed(node: str, tmp_path: Path) -> None:
@@ -296,21 +329,33 @@ def test_a_peer_claiming_part_of_the_underlay_is_refused_and_the_others_stay_rou
     assert "10.244.2.0/24 via 192.168.50.2" in routes and "192.168.50.128" not in routes
 
 
-def test_the_doctor_names_the_node_whose_route_is_missing(node: str) -> None:
+def test_the_doctor_names_the_node_whose_route_is_missing(node: str, tmp_path: Path) -> None:
     """b's IPv4 podCIDR is a's (so b gets no IPv4 route) while b's IPv6 one is routed: a missing route to the shared
-    IPv4 network is a's. The check once took the owner from every node with a path, whatever its family."""
-    from cni.cluster.doctor import _compare
+    IPv4 network is a's. The check once took the owner from every node with a path, whatever its family. The
+    doctor's check runs as ``nodeplug doctor`` runs it, against an API server listing the Nodes."""
+    from cni.cluster.doctor import peers_routed
+    from nodeplug.checks import CheckFailed
 
-    nodes = [
-        NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
-        NodeInfo("a", (net("10.244.7.0/24"), net("fd44:0:0:7::/64")), (ip("192.168.50.7"), ip("fd50::7"))),
-        NodeInfo("b", (net("10.244.7.0/24"), net("fd44:0:0:8::/64")), (ip("192.168.50.8"), ip("fd50::8"))),
-    ]
-    problems, counts = inside(node, lambda nl: _compare(ClusterConfig(mode="direct"), "n1", nodes))
-    assert counts == {"direct": 3, "vxlan": 0}
-    assert "a: route to 10.244.7.0/24 missing, want via 192.168.50.7" in problems
-    assert "b: route to fd44:0:0:8::/64 missing, want via fd50::8" in problems
-    assert any(p.startswith("b IPv4: not routed (podCIDR 10.244.7.0/24 overlaps node a's)") for p in problems)
+    nodes = {
+        "n1": NodeInfo("n1", (net("10.244.1.0/24"),), (ip("192.168.50.1"),)),
+        "a": NodeInfo("a", (net("10.244.7.0/24"), net("fd44:0:0:7::/64")), (ip("192.168.50.7"), ip("fd50::7"))),
+        "b": NodeInfo("b", (net("10.244.7.0/24"), net("fd44:0:0:8::/64")), (ip("192.168.50.8"), ip("fd50::8"))),
+    }
+
+    async def check() -> str:
+        kube = api_server(tmp_path, nodes)
+        try:
+            with pytest.raises(CheckFailed) as e:
+                await peers_routed(ClusterConfig(mode="direct"), kube, "n1")
+            return str(e.value)
+        finally:
+            await kube.close()
+
+    said = inside(node, lambda _nl: asyncio.run(check()))
+    assert said.startswith("mode direct: direct 3, vxlan 0;"), said
+    assert "a: route to 10.244.7.0/24 missing, want via 192.168.50.7" in said
+    assert "b: route to fd44:0:0:8::/64 missing, want via fd50::8" in said
+    assert "b IPv4: not routed (podCIDR 10.244.7.0/24 overlaps node a's)" in said
 
 
 def test_a_link_named_like_the_vxlan_device_that_is_not_one_is_left_alone(node: str) -> None:
