@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from prometheus_client import Counter, Histogram
 from cni import thick
 from cni.config import Config
 from cni.errors import INVALID_NETWORK_CONFIG, CniError
+from cni.skel import Handler
 from nodeplug.grpcserve import remove_stale_socket
 from nodeplug.keyedlocks import KeyedLocks
 from nodeplug.metrics import RPC_BUCKETS
@@ -46,14 +48,18 @@ from nodeplug.plugin import AgentContext, Readiness
 class CniPlugin:
     name = "cni"
 
-    def __init__(self, section: Config, ctx: AgentContext) -> None:
+    def __init__(self, section: Config, ctx: AgentContext, *, handlers: Mapping[str, Handler] | None = None) -> None:
+        """``handlers``: the command table the server runs (default: :func:`cni.commands.table` over the dataplane,
+        imported at start), the same kind of table the entry point's :func:`cni.entry.run` takes: commands over a
+        dataplane or a store of one's own."""
         self.section = section
+        self._handlers = handlers
         self.ctx = ctx
         self.log = ctx.logger("cni")
         self.path = Path(ctx.root(section.socket))
         self._server: asyncio.AbstractServer | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._table: dict[str, Any] = {}
+        self._table: Mapping[str, Handler] = {}
         self._locks = KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.requests = Counter(
@@ -75,10 +81,13 @@ class CniPlugin:
     async def start(self) -> None:
         from cni import commands
 
-        # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes tens
-        # of milliseconds during which the loop would stop serving the HTTP endpoint and the plugins already started
-        dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
-        self._table = commands.table(dataplane)
+        if self._handlers is not None:
+            self._table = self._handlers
+        else:
+            # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes
+            # tens of milliseconds during which the loop would stop serving the HTTP endpoint and the other plugins
+            dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
+            self._table = commands.table(dataplane)
         self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)

@@ -284,11 +284,11 @@ def running_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The agent's CNI plugin on an event loop of its own thread, with the real protocol over a quiet dataplane."""
     root = Path(os.path.realpath(tmp_path_factory.mktemp("agent")))
     loop = asyncio.new_event_loop()
-    plugin = CniPlugin(Config(handshake_timeout=0.5, max_request_bytes=4096), AgentContext(root=Root(root)))
+    config = Config(handshake_timeout=0.5, max_request_bytes=4096)
+    plugin = CniPlugin(config, AgentContext(root=Root(root)), handlers=handlers())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(plugin.start(), loop).result(30)
-    plugin._table = handlers()
     yield root / "run/nodeplug/cni.sock"
     asyncio.run_coroutine_threadsafe(plugin.stop(1.0), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)

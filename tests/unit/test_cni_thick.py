@@ -70,10 +70,10 @@ class Gate:
 
 @pytest.fixture
 async def agent(tmp_root: Path) -> AsyncIterator[tuple[CniPlugin, Gate, Path]]:
-    plugin = CniPlugin(Config(workers=4), AgentContext(root=Root(tmp_root)))
-    await plugin.start()
     handler = Gate()
-    plugin._table = {c: handler for c in ("ADD", "DEL", "CHECK", "GC", "STATUS")}
+    table = {c: handler for c in ("ADD", "DEL", "CHECK", "GC", "STATUS")}
+    plugin = CniPlugin(Config(workers=4), AgentContext(root=Root(tmp_root)), handlers=table)
+    await plugin.start()
     try:
         yield plugin, handler, tmp_root / "run/nodeplug/cni.sock"
     finally:
@@ -304,10 +304,9 @@ def test_a_nonsense_handed_fd_from_the_environment_is_ignored(tmp_path: Path, fd
 
 def test_agent_drops_a_request_whose_client_never_sends_go(tmp_root: Path) -> None:
     async def scenario() -> list[tuple[str, str]]:
-        plugin = CniPlugin(Config(handshake_timeout=0.2), AgentContext(root=Root(tmp_root)))
-        await plugin.start()
         handler = Gate()
-        plugin._table = {"ADD": handler}
+        plugin = CniPlugin(Config(handshake_timeout=0.2), AgentContext(root=Root(tmp_root)), handlers={"ADD": handler})
+        await plugin.start()
         reader, writer = await asyncio.open_unix_connection(str(tmp_root / "run/nodeplug/cni.sock"))
         writer.write(thick.encode_request(ENV, json.dumps(conf(tmp_root / "run/nodeplug/cni.sock")).encode()))
         assert await reader.readexactly(1) == thick.ACK
@@ -323,10 +322,9 @@ def test_a_request_larger_than_the_agent_takes_is_a_clear_error_not_a_fallback(t
     """Regression (issue 11, CNI 10): it used to be dropped silently and done standalone instead."""
 
     async def scenario() -> tuple[int, Any]:
-        plugin = CniPlugin(Config(max_request_bytes=4096), AgentContext(root=Root(tmp_root)))
-        await plugin.start()
         handler = Gate()
-        plugin._table = {"ADD": handler}
+        plugin = CniPlugin(Config(max_request_bytes=4096), AgentContext(root=Root(tmp_root)), handlers={"ADD": handler})
+        await plugin.start()
         try:
             big = ipam_only(tmp_path, tmp_root / "run/nodeplug/cni.sock", agentTimeout=5, pad="x" * 100_000)
             return await asyncio.to_thread(run_entry, ENV, big)
@@ -340,10 +338,9 @@ def test_a_request_larger_than_the_agent_takes_is_a_clear_error_not_a_fallback(t
 
 def test_garbage_and_configs_for_another_agent_are_not_run(tmp_root: Path) -> None:
     async def scenario() -> tuple[bytes, bytes, list[tuple[str, str]]]:
-        plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))
-        await plugin.start()
         handler = Gate()
-        plugin._table = {"ADD": handler}
+        plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)), handlers={"ADD": handler})
+        await plugin.start()
         path = str(tmp_root / "run/nodeplug/cni.sock")
         reader, writer = await asyncio.open_unix_connection(path)
         writer.write(b"\0\0\0\x10" + json.dumps({"env": {}}).encode())  # the old JSON framing: no magic
@@ -368,9 +365,9 @@ def test_a_fifo_as_netns_is_refused_at_once_and_wedges_nothing(tmp_root: Path, t
     ipam = {"type": "nodeplug", "ranges": [[{"subnet": "10.62.0.0/24"}]], "dataDir": str(tmp_path)}
 
     async def scenario() -> tuple[tuple[int, Any], tuple[int, Any]]:
-        plugin = CniPlugin(Config(workers=1), AgentContext(root=Root(tmp_root)))
+        table = commands.table(cni.dataplane, lambda data_dir, network: store)
+        plugin = CniPlugin(Config(workers=1), AgentContext(root=Root(tmp_root)), handlers=table)
         await plugin.start()
-        plugin._table = commands.table(cni.dataplane, lambda data_dir, network: store)
         sock = tmp_root / "run/nodeplug/cni.sock"
         try:
             add = asyncio.to_thread(run_entry, {**ENV, "CNI_NETNS": str(fifo)}, conf(sock, ipam=ipam))
