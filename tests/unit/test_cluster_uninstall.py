@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cni.cluster import uninstall
@@ -111,19 +111,35 @@ fields = {
 }
 
 
+def assert_checked(got: uninstall.Record) -> None:
+    """What every record the parser accepts must satisfy: the uninstall acts on it (deletes the subnets file it
+    names, removes routes of its protocol)."""
+    assert isinstance(got, uninstall.Record)
+    assert 5 <= got.route_protocol <= 254 and got.subnets_file.startswith("/") and got.pid >= 0
+    assert isinstance(got.node, str) and isinstance(got.netns, str) and "\x00" not in got.subnets_file
+    assert ".." not in got.subnets_file.split("/")  # the uninstall deletes it: never outside the root it names
+
+
 @given(st.binary(max_size=300))
-def test_any_bytes_parse_to_a_record_or_none(data: bytes) -> None:
+def test_any_bytes_parse_to_a_checked_record_or_none(data: bytes) -> None:
     got = uninstall.parse_record(data)
-    assert got is None or isinstance(got, uninstall.Record)
+    if got is not None:
+        assert_checked(got)
 
 
 @given(st.fixed_dictionaries({}, optional=fields))
+@example(
+    {"format": 1, "node": "node-a", "netns": "4:1", "routeProtocol": 110, "subnetsFile": "/var/lib/x.json", "pid": 7}
+)
 def test_a_record_from_hostile_json_has_checked_fields(doc: dict[str, object]) -> None:
     got = uninstall.parse_record(json.dumps(doc).encode())
     if got is not None:
-        assert 5 <= got.route_protocol <= 254 and got.subnets_file.startswith("/") and got.pid >= 0
-        assert isinstance(got.node, str) and isinstance(got.netns, str) and "\x00" not in got.subnets_file
-        assert ".." not in got.subnets_file.split("/")  # the uninstall deletes it: never outside the root it names
+        assert_checked(got)
+        assert (got.node, got.route_protocol, got.subnets_file) == (
+            doc["node"],
+            doc["routeProtocol"],
+            doc["subnetsFile"],
+        )
 
 
 def test_the_marker_is_requested_once_and_cleared(tmp_path: Path) -> None:
