@@ -19,7 +19,7 @@ import pytest
 
 from deviceplugin import cdi
 from deviceplugin.config import Resource
-from deviceplugin.plugin import create
+from deviceplugin.plugin import DevicePlugin
 from nodeplug.kube import KubeClient, resolve
 from nodeplug.paths import PLUGINS_DIR
 
@@ -89,7 +89,7 @@ async def test_the_claims_database_opens_and_closes_off_the_event_loop(
     try:
         with disk.frozen(hang_bound=HANG * 2):
             await dp.kubelet.start()
-            dp.plugin = plugin = create(cfg, dp.ctx)
+            dp.plugin = plugin = DevicePlugin(cfg, dp.ctx)
             starting = asyncio.create_task(plugin.start())
             fuse = await dp.ep("fuse")  # registered while the database waits for the disk
             resp = await asyncio.wait_for(fuse.stub.Allocate(alloc(["fuse"])), HANG)
