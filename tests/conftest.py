@@ -39,6 +39,7 @@ pytest_plugins = [
     "support.csidriver",
     "support.csicontroller",
     "support.slowdisk",
+    "support.clusterdra",
 ]
 
 # ---------------------------------------------------------------- host snapshot for the leak check
