@@ -19,6 +19,7 @@ out, TLS failure).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -97,6 +98,8 @@ class KubeClient:
         # Raw requests: its own connection pool, so a long watch never waits behind (or holds up) typed calls.
         params = ConnectionParams(timeout=httpx2.Timeout(timeout), transport=transport)  # type: ignore[arg-type]
         self._http = adapter_client(source.config, params)
+        # when the API server last answered a raw request (time.monotonic()), None before it ever did
+        self.last_answer: float | None = None
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -108,6 +111,7 @@ class KubeClient:
             resp = await self._http.get(path, params=dict(params or {}))
         except httpx2.HTTPError as e:
             raise KubeUnavailable(f"GET {path}: {type(e).__name__}: {e}") from None
+        self.last_answer = time.monotonic()
         if resp.status_code >= 400:
             raise _status_error(resp, resp.content)
         try:
@@ -129,6 +133,7 @@ class KubeClient:
                 if resp.status_code >= 400:
                     raise _status_error(resp, await resp.aread())
                 async for line in resp.aiter_lines():
+                    self.last_answer = time.monotonic()
                     if not line.strip():
                         continue
                     try:

@@ -16,9 +16,13 @@ resourceVersion:
   exponentially with jitter (``Retry-After`` honoured) and resumes; nothing is lost, nothing raised. A watch that
   delivers nothing, not even a bookmark, for longer than its timeout is taken for a dead connection and restarted.
 
-The iterator never ends by itself; cancel the task that consumes it. :attr:`ListWatch.status` tells whether the
-API is reachable now, when the collection was last in sync, and the last error (for ``/readyz`` and logs). Objects
-are plain dicts as the API server sent them, keyed by ``namespace/name`` (``name`` for cluster-scoped kinds).
+The iterator never ends by itself; cancel the task that consumes it (iterating :meth:`ListWatch.events` again
+resumes from the last resourceVersion). :attr:`ListWatch.status` tells when the API last answered, when the
+collection was last in sync, and the last error (for logs; :mod:`nodeplug.kube.health` says whether the API server
+answers now). Objects are plain dicts as the API server sent them, keyed by ``namespace/name`` (``name`` for
+cluster-scoped kinds), or what ``transform`` keeps of them: the list+watch holds every object of the collection, so a
+consumer that needs a few fields of a large object (a Node's status lists every image on it) keeps only those, and
+the agent's memory does not grow with what it never reads.
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class ListWatch:
         watch_seconds: tuple[int, int] = (240, 480),
         page_size: int = PAGE_SIZE,
         log: Logger | None = None,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.path = resource_path(resource, namespace=namespace)
@@ -127,6 +132,7 @@ class ListWatch:
         self.watch_seconds = watch_seconds
         self.page_size = page_size
         self.log = log or get_logger("kube", kind=self.kind)
+        self.transform = transform
         self.cache: dict[str, Mapping[str, Any]] = {}
         self.resource_version = ""
         self.status = WatchStatus()
@@ -171,7 +177,7 @@ class ListWatch:
             self._contact()
             for obj in page.get("items") or ():
                 if isinstance(obj, dict) and (key := object_key(obj)):
-                    items[key] = obj
+                    items[key] = self.transform(obj) if self.transform is not None else obj
             meta = page.get("metadata") if isinstance(page.get("metadata"), dict) else {}
             token = meta.get("continue") if isinstance(meta, dict) else None
             if not token:
@@ -229,6 +235,8 @@ class ListWatch:
         key = object_key(obj)
         if not key or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return None
+        if self.transform is not None:
+            obj = self.transform(obj)
         if kind == "DELETED":
             self.cache.pop(key, None)
             return Event("DELETED", key, obj)
@@ -238,3 +246,4 @@ class ListWatch:
     def _contact(self) -> None:
         self.status.last_contact = time.monotonic()
         self.status.last_error = ""
+        self.status.connected = True
