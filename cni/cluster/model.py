@@ -133,3 +133,19 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo | None:
         if mac is not None and addr is not None:
             vtep = Vtep(mac, addr)
     return NodeInfo(name, tuple(cidrs), tuple(ips), vtep, tuple(problems[:MAX_PROBLEMS]))
+
+
+def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    """What of a Node the cluster network reads (name, resourceVersion, nodeplug.io/ annotations, podCIDRs,
+    addresses), for the list+watch to keep instead of the whole object: :func:`parse_node` gives the same for both."""
+    meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
+    notes = {k: v for k, v in _dict(meta.get("annotations")).items() if isinstance(k, str) and k.startswith(
+        ANNOTATION_PREFIX)}  # fmt: skip
+    slim_meta = {k: meta[k] for k in ("name", "resourceVersion", "uid") if k in meta}
+    if "annotations" in meta:
+        slim_meta["annotations"] = notes
+    slim_spec = {k: spec[k] for k in ("podCIDR", "podCIDRs") if k in spec}
+    slim: dict[str, Any] = {"metadata": slim_meta, "spec": slim_spec}
+    if "addresses" in status:
+        slim["status"] = {"addresses": status["addresses"]}
+    return slim
