@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,22 @@ def test_this_nodes_own_hostile_podcidr_gives_pods_no_address(lab: Lab) -> None:
     finally:
         again([node.pod4, node.pod6])
     node.wait_ready()
+
+
+def test_the_doctor_names_a_podcidr_outside_the_cluster_cidrs(lab: Lab) -> None:
+    node = lab.nodes[0]
+
+    def line() -> str:
+        out = node.ns.exec(
+            sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(node.config), "--root", str(node.root),
+            "--kubeconfig", str(node.kubeconfig), "--node-name", node.name, check=False, timeout=120,
+        )  # fmt: skip
+        return next(x for x in out.splitlines() if "inside the cluster CIDRs" in x)
+
+    assert " OK " in line()
+    lab.api.node("stray", ["172.16.5.0/24"], ["192.168.77.77"])
+    try:
+        got = line()
+        assert " FAIL " in got and "stray 172.16.5.0/24" in got, got
+    finally:
+        lab.api.ok("DELETE", "/api/v1/nodes/stray")
