@@ -65,7 +65,7 @@ class Handler:
     async def _unprepare_one(self, c: _Claim) -> str:
         try:
             ref = self.preparer.check_ref(c.namespace, c.name, c.uid)
-            await self.preparer.unprepare(ref.uid)
+            await self.preparer.unprepare(ref)
             return ""
         except PrepareError as e:
             self.log.warning("claim not unprepared", claim_uid=c.uid, error=str(e))
