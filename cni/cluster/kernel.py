@@ -24,6 +24,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from cni.cluster import rawnl
 from cni.cluster.model import IPAddress, IPNetwork
 from cni.cluster.plan import Changes, RouteSpec, State
 from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
@@ -139,13 +140,10 @@ def default_gateways(nl: Rtnl) -> list[IPAddress]:
     for family in (socket.AF_INET, socket.AF_INET6):
         req = rtmsg()
         req["family"] = family
-        for msg in nl.dump(req, RTM_GETROUTE, rtmsg):
-            table = msg.get("RTA_TABLE") or msg["table"]
-            gw = msg.get("RTA_GATEWAY")
-            if table == RT_TABLE_MAIN and msg["dst_len"] == 0 and gw:
-                address = ipaddress.ip_address(gw)
-                if address not in out:
-                    out.append(address)
+        for data in nl.dump_raw(req, RTM_GETROUTE):
+            r = rawnl.route(data)
+            if r is not None and r.table == RT_TABLE_MAIN and r.dst_len == 0 and r.gateway and r.gateway not in out:
+                out.append(r.gateway)
     return out
 
 
@@ -290,36 +288,30 @@ def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
     for family in (socket.AF_INET, socket.AF_INET6):
         req = rtmsg()
         req["family"] = family
-        for msg in nl.dump(req, RTM_GETROUTE, rtmsg):
-            table = msg.get("RTA_TABLE") or msg["table"]
-            if table != RT_TABLE_MAIN or msg["type"] != RTN_UNICAST:
+        for data in nl.dump_raw(req, RTM_GETROUTE):
+            r = rawnl.route(data)
+            if r is None or r.table != RT_TABLE_MAIN or r.type != RTN_UNICAST or r.dst is None:
                 continue
-            dst_text = msg.get("RTA_DST")
-            if not dst_text:
-                continue
-            dst = ipaddress.ip_network(f"{dst_text}/{msg['dst_len']}", strict=False)
-            if msg["proto"] != protocol:
+            dst = ipaddress.ip_network(f"{r.dst}/{r.dst_len}", strict=False)
+            if r.protocol != protocol:
                 foreign.add(dst)
                 continue
-            gw = msg.get("RTA_GATEWAY")
-            if gw is None:
+            if r.gateway is None:
                 continue  # not a shape we make: deleted by the next diff (it is ours)
-            state.routes[dst] = RouteSpec(dst, ipaddress.ip_address(gw), msg.get("RTA_OIF") == vx_index)
+            state.routes[dst] = RouteSpec(dst, r.gateway, r.oif == vx_index)
     if vx_index is not None:
         for family in (socket.AF_INET, socket.AF_INET6, socket.AF_BRIDGE):
             req = ndmsg()
             req["family"] = family
-            for msg in nl.dump(req, RTM_GETNEIGH, ndmsg):
-                if msg["ifindex"] != vx_index or not msg["state"] & NUD_PERMANENT:
-                    continue
-                mac, dst = msg.get("NDA_LLADDR"), msg.get("NDA_DST")
-                if not mac or not dst:
+            for data in nl.dump_raw(req, RTM_GETNEIGH):
+                n = rawnl.neighbour(data)
+                if n is None or n.ifindex != vx_index or not n.state & NUD_PERMANENT or not n.lladdr or not n.dst:
                     continue
                 if family == socket.AF_BRIDGE:
-                    if mac != "00:00:00:00:00:00":
-                        state.fdb[str(mac)] = ipaddress.ip_address(dst)
+                    if n.lladdr != "00:00:00:00:00:00":
+                        state.fdb[n.lladdr] = n.dst
                 else:
-                    state.neigh[ipaddress.ip_address(dst)] = str(mac)
+                    state.neigh[n.dst] = n.lladdr
     return Owned(state, foreign)
 
 

@@ -126,7 +126,7 @@ class ClusterNetwork:
         self.own_annotations: Mapping[str, Any] = {}
         self.synced = False
         self.own_seen = False
-        self.watch = ListWatch(kube, Node, log=self.log, transform=slim_node)
+        self.watch = ListWatch(kube, Node, log=self.log, transform=slim_node, keep_objects=False)
         self.outcome = Outcome()
         self.have = State.empty()
         self._dirty = asyncio.Event()

@@ -20,9 +20,10 @@ The iterator never ends by itself; cancel the task that consumes it (iterating :
 resumes from the last resourceVersion). :attr:`ListWatch.status` tells when the API last answered, when the
 collection was last in sync, and the last error (for logs; :mod:`nodeplug.kube.health` says whether the API server
 answers now). Objects are plain dicts as the API server sent them, keyed by ``namespace/name`` (``name`` for
-cluster-scoped kinds), or what ``transform`` keeps of them: the list+watch holds every object of the collection, so a
-consumer that needs a few fields of a large object (a Node's status lists every image on it) keeps only those, and
-the agent's memory does not grow with what it never reads.
+cluster-scoped kinds), or what ``transform`` keeps of them. The list+watch holds the resourceVersion of every object
+of the collection, and with ``keep_objects`` (the default) the objects too, for a consumer that reads them there; a
+consumer that keeps its own parsed view (the cluster network) turns that off and its DELETED events carry a stub
+(name, namespace, version), so the agent's memory does not grow with what it never reads.
 """
 
 from __future__ import annotations
@@ -93,14 +94,26 @@ def _rv(obj: Mapping[str, Any]) -> str:
     return rv if isinstance(rv, str) else ""
 
 
-def diff(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]) -> list[Event]:
-    """The events that turn the collection ``old`` into ``new`` (keys -> objects), deletions first."""
-    events = [Event("DELETED", k, obj) for k, obj in old.items() if k not in new]
+def stub(key: str, rv: str = "") -> dict[str, Any]:
+    """What a DELETED event carries for an object whose last state was not kept: its name, namespace, version."""
+    ns, _, name = key.rpartition("/")
+    meta: dict[str, Any] = {"name": name, "resourceVersion": rv, **({"namespace": ns} if ns else {})}
+    return {"metadata": meta}
+
+
+def diff(
+    old: Mapping[str, str], new: Mapping[str, Mapping[str, Any]], last: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Event]:
+    """The events that turn the collection whose resourceVersions were ``old`` (key -> version) into ``new``
+    (key -> object), deletions first; a deleted object's last state from ``last`` when kept, else a stub."""
+    events = [
+        Event("DELETED", k, (last or {}).get(k) or stub(k, rv)) for k, rv in old.items() if k not in new
+    ]  # fmt: skip
     for k, obj in new.items():
         before = old.get(k)
         if before is None:
             events.append(Event("ADDED", k, obj))
-        elif _rv(before) != _rv(obj) or not _rv(obj):
+        elif before != _rv(obj) or not before:
             events.append(Event("MODIFIED", k, obj))
     return events
 
@@ -121,6 +134,7 @@ class ListWatch:
         page_size: int = PAGE_SIZE,
         log: Logger | None = None,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        keep_objects: bool = True,
     ) -> None:
         self.client = client
         self.path = resource_path(resource, namespace=namespace)
@@ -133,7 +147,9 @@ class ListWatch:
         self.page_size = page_size
         self.log = log or get_logger("kube", kind=self.kind)
         self.transform = transform
-        self.cache: dict[str, Mapping[str, Any]] = {}
+        self.keep_objects = keep_objects
+        self.versions: dict[str, str] = {}  # key -> resourceVersion of every object of the collection
+        self.cache: dict[str, Mapping[str, Any]] = {}  # key -> object, when keep_objects
         self.resource_version = ""
         self.status = WatchStatus()
 
@@ -184,8 +200,9 @@ class ListWatch:
                 rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 break
             params["continue"] = str(token)
-        events = diff(self.cache, items)
-        self.cache = items
+        events = diff(self.versions, items, self.cache)
+        self.versions = {k: _rv(obj) for k, obj in items.items()}
+        self.cache = items if self.keep_objects else {}
         self.resource_version = rv if isinstance(rv, str) else ""
         self.status.relists += 1
         self.status.synced_at = time.monotonic()
@@ -239,8 +256,11 @@ class ListWatch:
             obj = self.transform(obj)
         if kind == "DELETED":
             self.cache.pop(key, None)
+            self.versions.pop(key, None)
             return Event("DELETED", key, obj)
-        self.cache[key] = obj
+        self.versions[key] = rv
+        if self.keep_objects:
+            self.cache[key] = obj
         return Event("ADDED" if kind == "ADDED" else "MODIFIED", key, obj)
 
     def _contact(self) -> None:

@@ -82,9 +82,18 @@ def node(name: str, rv: str) -> dict[str, Any]:
 
 
 def test_diff_reports_deletions_additions_and_changes() -> None:
-    old = {"a": node("a", "1"), "b": node("b", "2"), "c": node("c", "3")}
+    old = {"a": "1", "b": "2", "c": "3", "ns/e": "4"}
     new = {"b": node("b", "2"), "c": node("c", "9"), "d": node("d", "10")}
-    assert [(e.type, e.key) for e in diff(old, new)] == [("DELETED", "a"), ("MODIFIED", "c"), ("ADDED", "d")]
+    events = diff(old, new)
+    assert [(e.type, e.key) for e in events] == [
+        ("DELETED", "a"),
+        ("DELETED", "ns/e"),
+        ("MODIFIED", "c"),
+        ("ADDED", "d"),
+    ]
+    # a deletion carries the object's last state when it was kept, else its name, namespace and version
+    assert events[1].obj == {"metadata": {"name": "e", "namespace": "ns", "resourceVersion": "4"}}
+    assert diff(old, new, {"a": node("a", "1")})[0].obj == node("a", "1")
 
 
 def test_backoff_grows_to_its_cap_with_jitter() -> None:
