@@ -24,6 +24,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 ANNOTATION_PREFIX = "nodeplug.io/"
 VTEP_MAC = ANNOTATION_PREFIX + "vtep-mac"
 VTEP_ADDRESS = ANNOTATION_PREFIX + "vtep-address"
+NETWORK_UNAVAILABLE = "NetworkUnavailable"
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 MAX_PROBLEMS = 8
 
@@ -146,6 +147,20 @@ def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
         slim_meta["annotations"] = notes
     slim_spec = {k: spec[k] for k in ("podCIDR", "podCIDRs") if k in spec}
     slim: dict[str, Any] = {"metadata": slim_meta, "spec": slim_spec}
-    if "addresses" in status:
-        slim["status"] = {"addresses": status["addresses"]}
+    slim_status = {k: status[k] for k in ("addresses",) if k in status}
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        slim_status["conditions"] = [
+            c for c in conditions if isinstance(c, dict) and c.get("type") == NETWORK_UNAVAILABLE
+        ]  # fmt: skip
+    if slim_status:
+        slim["status"] = slim_status
     return slim
+
+
+def network_unavailable(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The Node's NetworkUnavailable condition as (status, reason), None when it has none."""
+    for c in _dict(obj.get("status")).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == NETWORK_UNAVAILABLE:
+            return str(c.get("status")), str(c.get("reason"))
+    return None

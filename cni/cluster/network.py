@@ -46,7 +46,18 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
-from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, IPAddress, IPNetwork, NodeInfo, Vtep, parse_node, slim_node
+from cni.cluster.model import (
+    NETWORK_UNAVAILABLE,
+    VTEP_ADDRESS,
+    VTEP_MAC,
+    IPAddress,
+    IPNetwork,
+    NodeInfo,
+    Vtep,
+    network_unavailable,
+    parse_node,
+    slim_node,
+)
 from cni.cluster.plan import Local, RouteSpec, State, changes, desired
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
@@ -58,6 +69,7 @@ from nodeplug.kube.health import ApiHealth
 from nodeplug.log import Logger
 from nodeplug.metrics import RPC_BUCKETS
 
+CONDITION_REASON = "NodeplugRoutesProgrammed"
 CURE = (
     "run kube-controller-manager with --allocate-node-cidrs --cluster-cidr=<cluster CIDR>, or set it by hand: "
     'kubectl patch node {node} -p \'{{"spec":{{"podCIDRs":["10.244.1.0/24"]}}}}\''
@@ -99,6 +111,7 @@ class Outcome:
     failed: dict[tuple[str, int], str] = field(default_factory=dict)  # planned, but the kernel refused it
     problems: list[str] = field(default_factory=list)
     own_refused: tuple[tuple[IPNetwork, str], ...] = ()
+    own_programmed: bool = False  # this node has a pod subnet and every planned change landed
     vtep: Vtep | None = None
     mtu: int | None = None
 
@@ -124,6 +137,8 @@ class ClusterNetwork:
         self.log = log.bind(node=node)
         self.nodes: dict[str, NodeInfo] = {}
         self.own_annotations: Mapping[str, Any] = {}
+        self.own_condition: tuple[str, str] | None = None  # this Node's NetworkUnavailable (status, reason)
+        self._condition_failures = 0
         self.synced = False
         self.own_seen = False
         self.watch = ListWatch(kube, Node, log=self.log, transform=slim_node, keep_objects=False)
@@ -210,6 +225,10 @@ class ClusterNetwork:
                     meta = ev.obj.get("metadata")
                     notes = meta.get("annotations") if isinstance(meta, dict) else None
                     self.own_annotations = notes if isinstance(notes, dict) else {}
+                    condition = network_unavailable(ev.obj)
+                    if condition != self.own_condition and condition != ("False", CONDITION_REASON):
+                        self._full = True  # set to something else (a cloud node controller at registration)
+                    self.own_condition = condition
             if self.synced:
                 self._dirty.set()
 
@@ -242,6 +261,8 @@ class ClusterNetwork:
             self.outcome = outcome
             self._report(outcome)
             await self._publish(outcome.vtep)
+            if full and outcome.own_programmed:
+                await self._network_available()
 
     # ------------------------------------------------------------ the node's lifeline: the API server
 
@@ -472,6 +493,7 @@ class ClusterNetwork:
             if 6 in families:
                 sysctl.ensure("net/ipv6/conf/all/forwarding", "1")
         out.paths, out.unrouted, out.own_refused = want.paths, want.unrouted, want.own_refused
+        out.own_programmed = bool(want.own) and not out.failed
         if own is not None:
             refused = tuple((str(c), why) for c, why in want.own_refused)
             self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in want.own), out.mtu, refused))
@@ -541,6 +563,33 @@ class ClusterNetwork:
     def _event(self, regarding: Regarding, reason: str, note: str) -> None:
         if self.events is not None:
             self.events.emit(regarding, "Warning", reason, note, action="Route")
+
+    async def _network_available(self) -> None:
+        """Set this Node's NetworkUnavailable condition to False once its pod network is programmed, as pod networks do
+        (cloud node controllers set it True at registration, and the scheduler keeps pods off such a node). Never set
+        back to True: not on a failed pass, and not when the API server errs; it is the node's network that counts."""
+        if not self.own_seen or self.own_condition == ("False", CONDITION_REASON):
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {"type": NETWORK_UNAVAILABLE, "status": "False", "reason": CONDITION_REASON,
+                     "message": "nodeplug routes this node's pod subnets to every peer", "lastTransitionTime": now,
+                     "lastHeartbeatTime": now}  # fmt: skip
+        try:
+            await self.kube.api.patch(
+                Node.Status, self.node, {"status": {"conditions": [condition]}}, patch_type=PatchType.STRATEGIC
+            )
+        except Exception as e:  # retried with backoff (and after every full pass)
+            self._condition_failures += 1
+            delay = self.watch.backoff.delay(self._condition_failures)
+            self.log.warning(
+                "cannot set this Node's NetworkUnavailable condition", error=str(e) or repr(e), retry=delay
+            )
+            self._full = True
+            asyncio.get_running_loop().call_later(delay, self._dirty.set)
+            return
+        self._condition_failures = 0
+        self.own_condition = ("False", CONDITION_REASON)
+        self.log.info("set this Node's NetworkUnavailable condition to False", reason=CONDITION_REASON)
 
     async def _publish(self, vtep: Vtep | None) -> None:
         if vtep is None or not self.own_seen:

@@ -428,10 +428,42 @@ def test_the_agents_token_may_change_only_its_own_nodes_nodeplug_annotations(lab
     for path, body, message in cases:
         status, doc = agent.request("PATCH", path, body, merge)
         assert status == 403 and message in doc["message"], (path, body, status, doc)
-    assert agent.request("PATCH", f"/api/v1/nodes/{n1.name}/status", {"status": {}}, merge)[0] == 403
+    strategic = "application/strategic-merge-patch+json"
+    status_cases = [
+        (n1.name, [{"type": "NetworkUnavailable", "status": "True", "reason": "X"}], "only to False"),
+        (n1.name, [{"type": "Ready", "status": "False", "reason": "X"}], "may only set its NetworkUnavailable"),
+        ("node-2", [{"type": "NetworkUnavailable", "status": "False", "reason": "X"}], "only change its own Node"),
+    ]
+    for name, conditions, message in status_cases:
+        status, doc = agent.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": conditions}},
+                                    strategic)  # fmt: skip
+        assert status == 403 and message in doc["message"], (name, conditions, status, doc)
+    addresses = {"status": {"addresses": [{"type": "InternalIP", "address": "192.168.77.99"}]}}
+    assert agent.request("PATCH", f"/api/v1/nodes/{n1.name}/status", addresses, merge)[0] == 403
     assert agent.request("DELETE", "/api/v1/nodes/node-2")[0] == 403
     assert agent.request("GET", "/api/v1/secrets")[0] == 403
     agent.request("PATCH", f"/api/v1/nodes/{n1.name}", {"metadata": {"annotations": {"nodeplug.io/x": None}}}, merge)
+
+
+def test_each_node_says_its_network_is_available_once_routed_and_says_so_again_when_told_otherwise(lab: Lab) -> None:
+    """As cloud node controllers set NetworkUnavailable=True at registration and pod networks clear it: every routed
+    node carries NetworkUnavailable=False (reason NodeplugRoutesProgrammed); set back to True by someone, its agent
+    sets it to False again."""
+
+    def condition(name: str) -> tuple[str, str] | None:
+        for c in lab.api.ok("GET", f"/api/v1/nodes/{name}")["status"].get("conditions") or ():
+            if c["type"] == "NetworkUnavailable":
+                return c["status"], c["reason"]
+        return None
+
+    for node in lab.nodes[:4]:
+        wait_for(f"{node.name} available", lambda n=node: condition(n.name) == ("False", "NodeplugRoutesProgrammed"),
+                 timeout=60)  # fmt: skip
+    n2 = lab.nodes[1]
+    unavailable = {"type": "NetworkUnavailable", "status": "True", "reason": "NoRouteCreated", "message": "cloud"}
+    lab.api.ok("PATCH", f"/api/v1/nodes/{n2.name}/status", {"status": {"conditions": [unavailable]}},
+               "application/strategic-merge-patch+json")  # fmt: skip
+    wait_for("node-2 available again", lambda: condition(n2.name) == ("False", "NodeplugRoutesProgrammed"), timeout=60)
 
 
 # ---------------------------------------------------------------- uninstall
