@@ -235,6 +235,14 @@ def _node_subnets(path: Any, where: str) -> tuple[list[list[dict[str, str]]], st
             ),
             None,
         )
+    if not got.pod_cidrs and got.refused:
+        return (
+            [],
+            f"node {got.node} has no usable pod subnet: the nodeplug agent refused "
+            + "; ".join(f"{cidr} ({why})" for cidr, why in got.refused)
+            + ". Correct the Node's spec.podCIDRs (or the cluster_network.cluster_cidrs of the agent config)",
+            got.mtu,
+        )
     if not got.pod_cidrs:
         return (
             [],

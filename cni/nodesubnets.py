@@ -3,13 +3,16 @@
 
 ::
 
-    {"format": 1, "node": "node-a", "podCIDRs": ["10.244.1.0/24", "fd44:0:0:1::/64"], "mtu": 1450}
+    {"format": 1, "node": "node-a", "podCIDRs": ["10.244.1.0/24", "fd44:0:0:1::/64"], "mtu": 1450,
+     "refused": [["10.0.0.0/8", "why"]]}
 
 The agent writes it (atomically) whenever the Node's ``spec.podCIDRs`` or the pod MTU change; a network config
 names it in ``ipam.nodeSubnets`` and the IPAM then leases from one range set per podCIDR, whether the agent serves
 the call or the entry point works standalone. The file outlives the agent, so pods keep getting addresses of their
 own node's subnet while the agent or the API server is away. No file, or one without podCIDRs, means no subnet:
-ADD then fails with a CNI error naming the cure, never with a guessed subnet.
+ADD then fails with a CNI error naming the cure, never with a guessed subnet. ``refused`` lists the Node's podCIDRs
+the agent would not use as a pod network (one holding the API server's address, say), with the reason, which that
+error repeats; a reader that predates it ignores it.
 
 Standard library only (``json``, ``os``) and one small read: it is on the entry point's start-up path.
 """
@@ -27,12 +30,15 @@ MAX_BYTES = 64 << 10
 class NodeSubnets:
     """What the file says; ``pod_cidrs`` as text in the Node's order (at most one per address family)."""
 
-    __slots__ = ("mtu", "node", "pod_cidrs")
+    __slots__ = ("mtu", "node", "pod_cidrs", "refused")
 
-    def __init__(self, node: str, pod_cidrs: tuple[str, ...], mtu: int | None = None) -> None:
+    def __init__(
+        self, node: str, pod_cidrs: tuple[str, ...], mtu: int | None = None, refused: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.node = node
         self.pod_cidrs = pod_cidrs
         self.mtu = mtu
+        self.refused = refused
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NodeSubnets) and self.dumps() == other.dumps()
@@ -41,10 +47,19 @@ class NodeSubnets:
         return hash(self.dumps())
 
     def __repr__(self) -> str:
-        return f"NodeSubnets(node={self.node!r}, pod_cidrs={self.pod_cidrs!r}, mtu={self.mtu!r})"
+        return (
+            f"NodeSubnets(node={self.node!r}, pod_cidrs={self.pod_cidrs!r}, mtu={self.mtu!r}, refused={self.refused!r})"
+        )
 
     def dumps(self) -> bytes:
-        doc = {"format": FORMAT, "node": self.node, "podCIDRs": list(self.pod_cidrs), "mtu": self.mtu}
+        doc: dict[str, object] = {
+            "format": FORMAT,
+            "node": self.node,
+            "podCIDRs": list(self.pod_cidrs),
+            "mtu": self.mtu,
+        }
+        if self.refused:
+            doc["refused"] = [list(r) for r in self.refused]
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
 
@@ -80,4 +95,14 @@ def read(path: str) -> NodeSubnets | None:
         raise SubnetsError(f"{path}: podCIDRs: expected a list of at most two CIDR strings")
     if mtu is not None and (isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535):
         raise SubnetsError(f"{path}: mtu: expected an integer from 68 to 65535 or null")
-    return NodeSubnets(node, tuple(cidrs), mtu)
+    refused = doc.get("refused", [])
+    if (
+        not isinstance(refused, list)
+        or len(refused) > 2
+        or not all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) and len(x) <= 1024 for x in r)
+            for r in refused
+        )
+    ):
+        raise SubnetsError(f"{path}: refused: expected a list of at most two [CIDR, reason] pairs")
+    return NodeSubnets(node, tuple(cidrs), mtu, tuple((str(c), str(why)) for c, why in refused))

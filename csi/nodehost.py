@@ -44,7 +44,7 @@ DEFAULT_EPHEMERAL_BYTES = 100 << 20
 # Per-mount flags a bind remount can change; filesystem options (discard, nouuid, ...) apply at stage only.
 PER_MOUNT_FLAGS = frozenset({"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"})
 FS_TIMEOUT = 300.0
-_SIZE_RE = re.compile(r"([0-9]{1,20})\s*(|k|Ki|M|Mi|G|Gi|T|Ti)")  # ASCII digits, few enough for int()
+_SIZE_RE = re.compile(r"([0-9]{1,20})\s*(|k|Ki|M|Mi|G|Gi|T|Ti)", re.ASCII)  # ASCII digits, few enough for int()
 _UNITS = {"": 1, "k": 10**3, "Ki": 1 << 10, "M": 10**6, "Mi": 1 << 20, "G": 10**9, "Gi": 1 << 30}
 _UNITS |= {"T": 10**12, "Ti": 1 << 40}
 
@@ -73,7 +73,7 @@ class PublishSpec:
 
 
 def parse_size(text: str) -> int:
-    m = _SIZE_RE.fullmatch(text.strip())
+    m = _SIZE_RE.fullmatch(text.strip(" \t\r\n"))  # ASCII blanks only: str.strip() also takes "\xa0"
     if not m:
         raise InvalidArgument(f"volume_context.size: expected a size such as 64Mi or 1Gi, got {text[:64]!r}")
     return int(m.group(1)) * _UNITS[m.group(2)]

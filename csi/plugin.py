@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from csi import loopdev, mounts
 from csi.config import Config
@@ -32,6 +33,7 @@ from csi.state import StateStore
 from csi.volumes import VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2_grpc
 from nodeplug.grpcserve import DEFAULT_QUIET, UnixGrpcServer
+from nodeplug.kube.events import EventType, Regarding
 from nodeplug.log import Logger
 from nodeplug.paths import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from nodeplug.plugin import AgentContext, Readiness
@@ -69,6 +71,7 @@ class CsiPlugin:
         self._server: UnixGrpcServer | None = None
         self._registration: RegistrationServer | None = None
         self.missing: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -78,7 +81,8 @@ class CsiPlugin:
         await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
         self.store = await asyncio.to_thread(StateStore, data_dir / "state.db")
         self.manager = VolumeManager(self.store, cfg, root=root)
-        self.missing = await asyncio.to_thread(reconcile, self.manager, self.log)
+        self._loop = asyncio.get_running_loop()
+        self.missing = await asyncio.to_thread(reconcile, self.manager, self.log, self._event)
         kubelet_dir = root(cfg.kubelet_dir)
         host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
         server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
@@ -145,6 +149,14 @@ class CsiPlugin:
         self.registration_path = self.ctx.root(registration_socket_default(section.driver_name))
         await self.start()
 
+    def _event(self, reason: str, note: str) -> None:
+        """A reconcile finding as an Event on this Node (called from the reconcile's thread)."""
+        events, node = self.ctx.events, self.ctx.node_name
+        if events is None or not node or self._loop is None:
+            return
+        kind: EventType = "Normal" if reason == "VolumeRepaired" else "Warning"
+        self._loop.call_soon_threadsafe(events.emit, Regarding.node(node), kind, reason, note, "Reconcile")
+
     async def _probe(self) -> bool:
         store = self.store
         if store is None or self._server is None:
@@ -153,17 +165,21 @@ class CsiPlugin:
         return True
 
 
-def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
+def reconcile(manager: VolumeManager, log: Logger, event: Callable[[str, str], None] | None = None) -> list[str]:
     """Put the host right where that is safe, then compare records with it; return (and log) what is missing.
 
     A filesystem left frozen by a crash in the middle of a snapshot copy is thawed first (its pod's writers would
-    block forever otherwise). Files or subvolumes that no record names are reported, never deleted.
+    block forever otherwise). Files or subvolumes that no record names are reported, never deleted. Each finding is
+    also told to ``event`` (reason, note), for an Event on the Node.
     """
+    tell = event or (lambda reason, note: None)
     store = manager.store
     for staging in manager.snapshots.thaw_all():
         log.warning("reconcile: thawed a filesystem a crash left frozen", staging_path=staging)
+        tell("VolumeRepaired", f"thawed the filesystem at {staging}, which a crash left frozen during a snapshot")
     for path in manager.unrecorded():
         log.warning("reconcile: data no record names (left in place; remove it by hand if unwanted)", path=str(path))
+        tell("VolumeDataUnrecorded", f"{path}: volume data no record names, left in place (remove it if unwanted)")
     table = mounts.mount_table()
     devices = loopdev.attached()  # one sysfs pass, not one per staged volume
     stages = store.list_stages()
@@ -186,6 +202,7 @@ def reconcile(manager: VolumeManager, log: Logger) -> list[str]:
             missing.append(f"volume {pub.volume_id}: not mounted at target {pub.target_path}")
     for line in missing:
         log.warning("reconcile: host and state disagree", detail=line)
+        tell("VolumeNotFoundAtStart", line)
     if not missing:
         log.info("reconcile: host and state agree", stages=len(stages))
     return missing

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from deviceplugin.inotify import IN_Q_OVERFLOW, Inotify
 from deviceplugin.metrics import DevicePluginMetrics, ResourceStats
 from deviceplugin.resource import ResourceRuntime
 from deviceplugin.uevent import UeventMonitor
+from nodeplug.kube.events import Regarding
 from nodeplug.paths import CDI_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 from nodeplug.plugin import AgentContext, Readiness
 
@@ -211,9 +213,22 @@ class DevicePlugin:
             agent_metrics=self.ctx.metrics,
             metrics=self.metrics,
             log=self.log,
+            on_health=functools.partial(self._health_event, res.resource_name),
         )
         await rt.start()
         self.resources[res.name] = rt
+
+    def _health_event(self, resource: str, device: str, reason: str) -> None:
+        """An Event on this Node when a device turns unhealthy, and when it is healthy again."""
+        if self.ctx.events is None or not self.ctx.node_name:
+            return
+        node = Regarding.node(self.ctx.node_name)
+        if reason:
+            self.ctx.events.emit(node, "Warning", "DeviceUnhealthy", f"{resource} device {device}: {reason}", "Health")
+        else:
+            self.ctx.events.emit(
+                node, "Normal", "DeviceHealthy", f"{resource} device {device} is healthy again", "Health"
+            )
 
     async def _start_dra(self) -> None:
         from deviceplugin.dra.driver import DraDriver
@@ -228,6 +243,7 @@ class DevicePlugin:
             log=self.log,
             kube=self.ctx.kube,
             node=self.ctx.node_name,
+            events=self.ctx.events,
         )
         try:
             await dra.start()

@@ -76,8 +76,12 @@ class ResourceRuntime:
         agent_metrics: Metrics,
         metrics: DevicePluginMetrics,
         log: Logger,
+        on_health: Callable[[str, str], None] | None = None,
     ) -> None:
         self.res = res
+        # told (device ID, reason; "" when healthy again) each time a physical device turns unhealthy or recovers
+        self.on_health = on_health
+        self._told: dict[str, str] = {}
         self.host_root = host_root
         self.socket = plugin_dir / res.socket_name
         self.kubelet_socket = kubelet_socket
@@ -248,6 +252,7 @@ class ResourceRuntime:
 
     def _publish(self) -> None:
         self.updates.publish(listing_message(self.table.listing))
+        self._tell_health()
         sick = [e.id for e in self.table.listing if not e.healthy]
         self.log.info(
             "devices changed",
@@ -304,6 +309,17 @@ class ResourceRuntime:
         if changed:
             self._changed()
             self.updates.publish(listing_message(self.table.listing))
+            self._tell_health()
+
+    def _tell_health(self) -> None:
+        """Each physical device whose health reason changed since it was last told, once (not per replica)."""
+        if self.on_health is None:
+            return
+        now = {dev_id: self.table.reason(dev_id) for dev_id in {e.device.id for e in self.table.listing}}
+        for dev_id, reason in now.items():
+            if reason != self._told.get(dev_id, ""):
+                self.on_health(dev_id, reason)
+        self._told = {k: v for k, v in now.items() if v}
 
     # ------------------------------------------------------------ Allocate support
 

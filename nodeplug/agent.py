@@ -86,10 +86,13 @@ class Agent:
         if self.kube_source is not None:
             from nodeplug.kube import KubeClient
             from nodeplug.kube.events import EventRecorder
+            from nodeplug.kube.health import ApiHealth
 
             self.ctx.kube = KubeClient(self.kube_source)
             self.ctx.events = EventRecorder(self.ctx.kube, self.ctx.node_name, self.ctx.metrics.registry)
             await self.ctx.events.start()
+            self.ctx.api_health = ApiHealth(self.ctx.kube)
+            await self.ctx.api_health.start()
             log.info("following the Kubernetes API", origin=self.kube_source.origin, node=self.ctx.node_name)
         try:
             for spec in PLUGINS:
@@ -114,6 +117,9 @@ class Agent:
                 await asyncio.wait_for(plugin.stop(grace), grace + 10)
             except Exception as e:
                 log.error("plugin did not stop cleanly", name=name, error=repr(e))
+        if self.ctx.api_health is not None:
+            health, self.ctx.api_health = self.ctx.api_health, None
+            await health.stop()
         if self.ctx.events is not None:
             events, self.ctx.events = self.ctx.events, None
             with contextlib.suppress(Exception):

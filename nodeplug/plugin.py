@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from nodeplug.config import AgentConfig
     from nodeplug.kube import KubeClient
     from nodeplug.kube.events import EventRecorder
+    from nodeplug.kube.health import ApiHealth
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,10 @@ class AgentContext:
     # The Kubernetes API client (nodeplug.kube), None in single-node mode; and this node's name in that API.
     kube: KubeClient | None = None
     node_name: str = ""
-    # Kubernetes Events about this node and the objects the agent serves (None in single-node mode).
+    # Kubernetes Events about this node and the objects the agent serves, and whether the API server answers now
+    # (both None in single-node mode).
     events: EventRecorder | None = None
+    api_health: ApiHealth | None = None
 
     def logger(self, plugin: str, **bound: Any) -> Logger:
         return get_logger(plugin, **bound)

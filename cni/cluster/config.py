@@ -9,10 +9,12 @@
         vni: 4096
         port: 4789
         underlay: ""           # interface of the node's InternalIP when empty
-      cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are routed;
-                               # empty: every Node's podCIDRs
+      cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are used;
+                               # empty: every Node's podCIDRs no broader than broadest_pod_cidr
+      broadest_pod_cidr: {ipv4: 16, ipv6: 48}   # without cluster_cidrs: the shortest podCIDR prefix accepted
       masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
-      route_protocol: 110      # routes the agent owns carry this protocol number
+      route_protocol: 110      # routes the agent owns carry this protocol number (never one the kernel or a
+                               # routing daemon uses: cni.cluster.uninstall.RESERVED_PROTOCOLS)
       resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
       subnets_file: /var/lib/nodeplug/cluster/subnets.json   # where the CNI entry point reads this node's podCIDRs
 
@@ -26,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cni.cluster import uninstall
 from cni.nodesubnets import DEFAULT_PATH
 from nodeplug.configbase import AbsPath, Section
 
@@ -38,14 +41,38 @@ class VxlanConfig(BaseModel):
     underlay: str = Field(default="", max_length=15)
 
 
+def route_protocol(v: int) -> int:
+    """A route protocol number nodeplug may own (the check the config and the uninstall share)."""
+    if not uninstall.ours(v):
+        name = uninstall.RESERVED_PROTOCOLS.get(v)
+        raise ValueError(
+            "expected a route protocol from 1 to 254 that the kernel and routing daemons do not use"
+            + (f" ({v} is {name!r})" if name else "")
+        )
+    return v
+
+
+class BroadestPodCidr(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ipv4: int = Field(default=16, ge=1, le=30)
+    ipv6: int = Field(default=48, ge=1, le=126)
+
+
 class ClusterConfig(Section):
     mode: Literal["direct", "vxlan", "auto"] = "auto"
     vxlan: VxlanConfig = Field(default_factory=VxlanConfig)
     cluster_cidrs: tuple[str, ...] = ()
+    broadest_pod_cidr: BroadestPodCidr = Field(default_factory=BroadestPodCidr)
     masquerade: bool = True
-    route_protocol: int = Field(default=110, ge=5, le=254)  # 0-4 are the kernel's own (4: static, `ip route add`)
+    route_protocol: int = 110
     resync_seconds: float = Field(default=60.0, ge=1, le=3600)
     subnets_file: AbsPath = DEFAULT_PATH
+
+    @field_validator("route_protocol")
+    @classmethod
+    def _protocol(cls, v: int) -> int:
+        return route_protocol(v)
 
     @field_validator("cluster_cidrs")
     @classmethod

@@ -24,6 +24,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from cni.cluster import rawnl
 from cni.cluster.model import IPAddress, IPNetwork
 from cni.cluster.plan import Changes, RouteSpec, State
 from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
@@ -52,6 +53,7 @@ RTNH_F_ONLINK = 4
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
 VXLAN_OVERHEAD = {4: 50, 6: 70}  # outer IP + UDP + VXLAN + inner Ethernet headers
+RTM_F_FIB_MATCH = 0x2000  # a route lookup answers with the matching FIB entry (protocol and prefix included)
 
 
 class KernelError(Exception):
@@ -130,6 +132,50 @@ def connected(nl: Rtnl, exclude: Iterable[IPNetwork], skip_index: Iterable[int] 
         if net not in out:
             out.append(net)
     return out
+
+
+def default_gateways(nl: Rtnl) -> list[IPAddress]:
+    """The gateways of the main table's default routes, whoever owns them (the node's way out)."""
+    out: list[IPAddress] = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        req = rtmsg()
+        req["family"] = family
+        for data in nl.dump_raw(req, RTM_GETROUTE):
+            r = rawnl.route(data)
+            if r is not None and r.table == RT_TABLE_MAIN and r.dst_len == 0 and r.gateway and r.gateway not in out:
+                out.append(r.gateway)
+    return out
+
+
+class RoutePath(NamedTuple):
+    """The main-table route the kernel uses for a destination."""
+
+    dst: IPNetwork
+    protocol: int
+    gateway: IPAddress | None
+
+
+def path_to(nl: Rtnl, address: IPAddress) -> RoutePath | None:
+    """The route the kernel would take to ``address`` (None: unreachable, or a route of another table)."""
+    req = rtmsg()
+    req["family"] = _family(address.version)
+    req["dst_len"] = address.max_prefixlen
+    req["flags"] = RTM_F_FIB_MATCH
+    req["attrs"] = [("RTA_DST", str(address))]
+    try:
+        msg = nl.get(req, RTM_GETROUTE, rtmsg)
+    except NetlinkError:
+        return None
+    table = msg.get("RTA_TABLE") or msg["table"]
+    if table != RT_TABLE_MAIN:
+        return None
+    dst_text = msg.get("RTA_DST") or ("0.0.0.0" if address.version == 4 else "::")
+    gw = msg.get("RTA_GATEWAY")
+    return RoutePath(
+        ipaddress.ip_network(f"{dst_text}/{msg['dst_len']}", strict=False),
+        int(msg["proto"]),
+        ipaddress.ip_address(gw) if gw else None,
+    )
 
 
 # ---------------------------------------------------------------- the VXLAN device
@@ -242,36 +288,30 @@ def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
     for family in (socket.AF_INET, socket.AF_INET6):
         req = rtmsg()
         req["family"] = family
-        for msg in nl.dump(req, RTM_GETROUTE, rtmsg):
-            table = msg.get("RTA_TABLE") or msg["table"]
-            if table != RT_TABLE_MAIN or msg["type"] != RTN_UNICAST:
+        for data in nl.dump_raw(req, RTM_GETROUTE):
+            r = rawnl.route(data)
+            if r is None or r.table != RT_TABLE_MAIN or r.type != RTN_UNICAST or r.dst is None:
                 continue
-            dst_text = msg.get("RTA_DST")
-            if not dst_text:
-                continue
-            dst = ipaddress.ip_network(f"{dst_text}/{msg['dst_len']}", strict=False)
-            if msg["proto"] != protocol:
+            dst = ipaddress.ip_network(f"{r.dst}/{r.dst_len}", strict=False)
+            if r.protocol != protocol:
                 foreign.add(dst)
                 continue
-            gw = msg.get("RTA_GATEWAY")
-            if gw is None:
+            if r.gateway is None:
                 continue  # not a shape we make: deleted by the next diff (it is ours)
-            state.routes[dst] = RouteSpec(dst, ipaddress.ip_address(gw), msg.get("RTA_OIF") == vx_index)
+            state.routes[dst] = RouteSpec(dst, r.gateway, r.oif == vx_index)
     if vx_index is not None:
         for family in (socket.AF_INET, socket.AF_INET6, socket.AF_BRIDGE):
             req = ndmsg()
             req["family"] = family
-            for msg in nl.dump(req, RTM_GETNEIGH, ndmsg):
-                if msg["ifindex"] != vx_index or not msg["state"] & NUD_PERMANENT:
-                    continue
-                mac, dst = msg.get("NDA_LLADDR"), msg.get("NDA_DST")
-                if not mac or not dst:
+            for data in nl.dump_raw(req, RTM_GETNEIGH):
+                n = rawnl.neighbour(data)
+                if n is None or n.ifindex != vx_index or not n.state & NUD_PERMANENT or not n.lladdr or not n.dst:
                     continue
                 if family == socket.AF_BRIDGE:
-                    if mac != "00:00:00:00:00:00":
-                        state.fdb[str(mac)] = ipaddress.ip_address(dst)
+                    if n.lladdr != "00:00:00:00:00:00":
+                        state.fdb[n.lladdr] = n.dst
                 else:
-                    state.neigh[ipaddress.ip_address(dst)] = str(mac)
+                    state.neigh[n.dst] = n.lladdr
     return Owned(state, foreign)
 
 
@@ -306,15 +346,44 @@ def _neigh_msg(family: int, index: int, dst: IPAddress, mac: str, fdb: bool) -> 
     return msg
 
 
-def set_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None, replace: bool) -> None:
-    """Add ``r`` (``replace``: ours already exists for its destination and differs)."""
-    flags = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
+def set_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None, old: RouteSpec | None = None) -> None:
+    """Add ``r``; ``old``: ours already exists for its destination and differs, so it is replaced.
+
+    The kernel refuses some replaces outright: an IPv6 route moving from the underlay to an on-link next hop on the
+    VXLAN device ("Nexthop has invalid gateway or device mismatch": the new next hop lies inside the prefix whose
+    old route goes out another device). Then the old route is deleted and the new one added at once (the
+    destination is unrouted for the time of two netlink requests); if the add still fails, the old route is put
+    back, so a peer is never left without a path because its new one is refused."""
+    if old is None:
+        try:
+            nl.ack(_route_msg(r, protocol, vx_index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+        except NetlinkError as e:
+            if e.code == errno.EEXIST:
+                raise KernelError(
+                    f"route to {r.dst}: a route nodeplug does not own exists for it; left alone"
+                ) from None
+            raise KernelError(f"route to {r.dst} via {r.gateway}: {_reason(e)}") from None
+        return
     try:
-        nl.ack(_route_msg(r, protocol, vx_index), RTM_NEWROUTE, flags)
+        nl.ack(_route_msg(r, protocol, vx_index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE)
+        return
     except NetlinkError as e:
-        if e.code == errno.EEXIST:
-            raise KernelError(f"route to {r.dst}: a route nodeplug does not own exists for it; left alone") from None
-        raise KernelError(f"route to {r.dst} via {r.gateway}: {_reason(e)}") from None
+        refused = _reason(e)
+    del_route(nl, old, protocol, vx_index)
+    try:
+        nl.ack(_route_msg(r, protocol, vx_index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+    except NetlinkError as e:
+        try:
+            nl.ack(_route_msg(old, protocol, vx_index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+        except NetlinkError as back:
+            raise KernelError(
+                f"route to {r.dst} via {r.gateway}: refused ({refused}, then {_reason(e)}), and its old route via "
+                f"{old.gateway} could not be put back ({_reason(back)}): unrouted"
+            ) from None
+        raise KernelError(
+            f"route to {r.dst} via {r.gateway}: refused ({refused}, then {_reason(e)}); it keeps its old route via "
+            f"{old.gateway}"
+        ) from None
 
 
 def del_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None) -> None:
@@ -327,19 +396,30 @@ def del_route(nl: Rtnl, r: RouteSpec, protocol: int, vx_index: int | None) -> No
             raise KernelError(f"delete route to {r.dst}: {_reason(e)}") from None
 
 
-def apply(nl: Rtnl, ch: Changes, have: State, protocol: int, vx_index: int | None) -> list[str]:
-    """Carry out ``ch`` (neighbours before the routes that use them; routes deleted before their neighbours) and
-    update ``have`` to match what was done. Returns one line per failure; the rest is still done."""
-    problems: list[str] = []
+class Applied(NamedTuple):
+    """What :func:`apply` did: how many changes landed, and each that did not (its destination when it was a
+    route, and why)."""
 
-    def attempt(what: str, fn: Any, *args: Any) -> bool:
+    done: int
+    failed: list[tuple[IPNetwork | None, str]]
+
+
+def apply(nl: Rtnl, ch: Changes, have: State, protocol: int, vx_index: int | None) -> Applied:
+    """Carry out ``ch`` (neighbours before the routes that use them; routes deleted before their neighbours) and
+    update ``have`` to match what was done. Every change is tried; each failure is reported, none is counted done."""
+    failed: list[tuple[IPNetwork | None, str]] = []
+    done = 0
+
+    def attempt(what: str, fn: Any, *args: Any, dst: IPNetwork | None = None) -> bool:
+        nonlocal done
         try:
             fn(*args)
+            done += 1
             return True
         except KernelError as e:
-            problems.append(str(e))
+            failed.append((dst, str(e)))
         except NetlinkError as e:
-            problems.append(f"{what}: {_reason(e)}")
+            failed.append((dst, f"{what}: {_reason(e)}"))
         return False
 
     for mac, under in ch.fdb_set:
@@ -355,25 +435,27 @@ def apply(nl: Rtnl, ch: Changes, have: State, protocol: int, vx_index: int | Non
         ):  # fmt: skip
             have.neigh[hop] = mac
     for r in ch.routes_set:
-        if attempt(f"route {r.dst}", set_route, nl, r, protocol, vx_index, r.dst in have.routes):
+        if attempt(f"route {r.dst}", set_route, nl, r, protocol, vx_index, have.routes.get(r.dst), dst=r.dst):
             have.routes[r.dst] = r
     for r in ch.routes_del:
-        if attempt(f"route {r.dst}", del_route, nl, r, protocol, vx_index):
+        if attempt(f"route {r.dst}", del_route, nl, r, protocol, vx_index, dst=r.dst):
             have.routes.pop(r.dst, None)
     for hop, mac in ch.neigh_del:
-        if vx_index is None or _del_neigh(nl, _neigh_msg(_family(hop.version), vx_index, hop, mac, False), problems):
+        if vx_index is None or attempt(
+            f"delete neighbour {hop}", _del_neigh, nl, _neigh_msg(_family(hop.version), vx_index, hop, mac, False)
+        ):
             have.neigh.pop(hop, None)
     for mac, under in ch.fdb_del:
-        if vx_index is None or _del_neigh(nl, _neigh_msg(socket.AF_BRIDGE, vx_index, under, mac, True), problems):
+        if vx_index is None or attempt(
+            f"delete FDB entry {mac}", _del_neigh, nl, _neigh_msg(socket.AF_BRIDGE, vx_index, under, mac, True)
+        ):
             have.fdb.pop(mac, None)
-    return problems
+    return Applied(done, failed)
 
 
-def _del_neigh(nl: Rtnl, msg: Any, problems: list[str]) -> bool:
+def _del_neigh(nl: Rtnl, msg: Any) -> None:
     try:
         nl.ack(msg, RTM_DELNEIGH)
     except NetlinkError as e:
         if e.code not in (errno.ENOENT, errno.ESRCH, errno.ENODEV):
-            problems.append(f"delete neighbour/FDB entry: {_reason(e)}")
-            return False
-    return True
+            raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # types only: lightkube is loaded by whoever reads Nodes from the API
@@ -27,6 +28,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 ANNOTATION_PREFIX = "nodeplug.io/"
 VTEP_MAC = ANNOTATION_PREFIX + "vtep-mac"
 VTEP_ADDRESS = ANNOTATION_PREFIX + "vtep-address"
+NETWORK_UNAVAILABLE = "NetworkUnavailable"
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 MAX_PROBLEMS = 8
 
@@ -53,6 +55,10 @@ class NodeInfo(NamedTuple):
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dict(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, dict) else {}
 
 
 def parse_mac(text: Any) -> str | None:
@@ -128,3 +134,33 @@ def parse_node(node: Node) -> NodeInfo | None:
         if mac is not None and addr is not None:
             vtep = Vtep(mac, addr)
     return NodeInfo(name, tuple(cidrs), tuple(ips), vtep, tuple(problems[:MAX_PROBLEMS]))
+
+
+def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    """What of a Node the cluster network reads (name, resourceVersion, nodeplug.io/ annotations, podCIDRs,
+    addresses), for the list+watch to keep instead of the whole object: :func:`parse_node` gives the same for both."""
+    meta, spec, status = _dict(obj.get("metadata")), _dict(obj.get("spec")), _dict(obj.get("status"))
+    notes = {k: v for k, v in _dict(meta.get("annotations")).items() if isinstance(k, str) and k.startswith(
+        ANNOTATION_PREFIX)}  # fmt: skip
+    slim_meta = {k: meta[k] for k in ("name", "resourceVersion", "uid") if k in meta}
+    if "annotations" in meta:
+        slim_meta["annotations"] = notes
+    slim_spec = {k: spec[k] for k in ("podCIDR", "podCIDRs") if k in spec}
+    slim: dict[str, Any] = {"metadata": slim_meta, "spec": slim_spec}
+    slim_status = {k: status[k] for k in ("addresses",) if k in status}
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        slim_status["conditions"] = [
+            c for c in conditions if isinstance(c, dict) and c.get("type") == NETWORK_UNAVAILABLE
+        ]  # fmt: skip
+    if slim_status:
+        slim["status"] = slim_status
+    return slim
+
+
+def network_unavailable(node: Node) -> tuple[str, str] | None:
+    """The Node's NetworkUnavailable condition as (status, reason), None when it has none."""
+    for c in (node.status.conditions if node.status is not None else None) or ():
+        if c.type == NETWORK_UNAVAILABLE:
+            return c.status, c.reason or ""
+    return None

@@ -31,29 +31,45 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import socket
 import time
 from collections.abc import Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 from prometheus_client import Counter, Gauge, Histogram
 
 from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
-from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, IPNetwork, NodeInfo, Vtep, parse_node
-from cni.cluster.plan import Local, State, changes, desired
+from cni.cluster.model import (
+    NETWORK_UNAVAILABLE,
+    VTEP_ADDRESS,
+    VTEP_MAC,
+    IPAddress,
+    IPNetwork,
+    NodeInfo,
+    Vtep,
+    network_unavailable,
+    parse_node,
+    slim_node,
+)
+from cni.cluster.plan import Local, RouteSpec, State, changes, desired
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
 from nodeplug.fsutil import write_atomic
 from nodeplug.kube import KubeClient, KubeError, ListWatch
 from nodeplug.kube.events import EventRecorder, Regarding
+from nodeplug.kube.health import ApiHealth
 from nodeplug.log import Logger
 from nodeplug.metrics import RPC_BUCKETS
 
+CONDITION_REASON = "NodeplugRoutesProgrammed"
 CURE = (
     "run kube-controller-manager with --allocate-node-cidrs --cluster-cidr=<cluster CIDR>, or set it by hand: "
     'kubectl patch node {node} -p \'{{"spec":{{"podCIDRs":["10.244.1.0/24"]}}}}\''
@@ -70,12 +86,20 @@ class Metrics:
             ["kind"], buckets=RPC_BUCKETS, registry=None,
         )  # fmt: skip
         self.changed = Counter(
-            "nodeplug_cluster_kernel_changes", "Routes, FDB and neighbour entries set or deleted.", registry=None
+            "nodeplug_cluster_kernel_changes",
+            "Routes, FDB and neighbour entries set or deleted, by outcome (done, or failed: the kernel refused it).",
+            ["outcome"],
+            registry=None,
+        )
+        self.withdrawn = Counter(
+            "nodeplug_cluster_routes_withdrawn",
+            "Routes of the agent's protocol withdrawn because the path to the API server ran through them.",
+            registry=None,
         )
         self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=None)
 
-    def collectors(self) -> tuple[Histogram, Counter, Gauge]:
-        return (self.pass_seconds, self.changed, self.peers)
+    def collectors(self) -> tuple[Histogram, Counter, Counter, Gauge]:
+        return (self.pass_seconds, self.changed, self.withdrawn, self.peers)
 
 
 @dataclass
@@ -84,7 +108,10 @@ class Outcome:
 
     paths: dict[tuple[str, int], str] = field(default_factory=dict)
     unrouted: dict[tuple[str, int], str] = field(default_factory=dict)
+    failed: dict[tuple[str, int], str] = field(default_factory=dict)  # planned, but the kernel refused it
     problems: list[str] = field(default_factory=list)
+    own_refused: tuple[tuple[IPNetwork, str], ...] = ()
+    own_programmed: bool = False  # this node has a pod subnet and every planned change landed
     vtep: Vtep | None = None
     mtu: int | None = None
 
@@ -101,6 +128,7 @@ class ClusterNetwork:
         lock_path: Path = Path(uninstall.LOCK),
         marker_path: Path = Path(uninstall.MARKER),
         events: EventRecorder | None = None,
+        health: ApiHealth | None = None,
     ) -> None:
         self.cfg = cfg
         self.kube = kube
@@ -109,9 +137,11 @@ class ClusterNetwork:
         self.log = log.bind(node=node)
         self.nodes: dict[str, NodeInfo] = {}
         self.own_annotations: Mapping[str, Any] = {}
+        self.own_condition: tuple[str, str] | None = None  # this Node's NetworkUnavailable (status, reason)
+        self._condition_failures = 0
         self.synced = False
         self.own_seen = False
-        self.watch = ListWatch(kube, Node, log=self.log)
+        self.watch = ListWatch(kube, Node, log=self.log, transform=slim_node, keep_objects=False)
         self.outcome = Outcome()
         self.have = State.empty()
         self._dirty = asyncio.Event()
@@ -123,9 +153,13 @@ class ClusterNetwork:
         self._masq: tuple[Any, ...] | None = None
         self._published: tuple[str, str] | None = None
         self._publish_failures = 0
-        self._logged: tuple[frozenset[Any], frozenset[str]] = (frozenset(), frozenset())
+        self._logged: frozenset[tuple[str, str]] = frozenset()  # (reason, detail) of the findings said already
         self.metrics = metrics or Metrics()
         self.events = events
+        self.health = health
+        self.api_addresses: tuple[IPAddress, ...] = ()  # where the API server is, as this agent reaches it
+        self.withdrawn: dict[IPNetwork, str] = {}  # our routes taken away because the API server's path ran there
+        self._follower: asyncio.Task[None] | None = None
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
         self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
@@ -139,20 +173,24 @@ class ClusterNetwork:
         except SubnetsError as e:
             self.log.warning("ignoring the subnets file of an earlier run", error=str(e))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cluster-net")
+        self._follower = asyncio.create_task(self._follow(), name="cluster-watch")
         self._tasks = [
-            asyncio.create_task(self._follow(), name="cluster-watch"),
             asyncio.create_task(self._reconcile_loop(), name="cluster-reconcile"),
             asyncio.create_task(self._guard(), name="cluster-guard"),
+            asyncio.create_task(self._find_api_server(), name="cluster-api-addresses"),
         ]
+        if self.health is not None:
+            self._tasks.append(asyncio.create_task(self._heal(), name="cluster-heal"))
         self.log.info("following Node objects", mode=self.cfg.mode, server=self.kube.source.server)
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._tasks, *([self._follower] if self._follower is not None else [])]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._tasks = []
+        self._tasks, self._follower = [], None
         if self._pool is not None:
             loop = asyncio.get_running_loop()
             if self._nl is not None:
@@ -173,19 +211,25 @@ class ClusterNetwork:
             if ev.type == "SYNCED":
                 self.synced = True
                 self._full = True
+            elif ev.type == "DELETED":  # the key is the Node's name (its last state is not kept)
+                self.nodes.pop(ev.key, None)
+                if ev.key == self.node:
+                    self.own_seen = False
+                    self.own_annotations = {}
             else:
                 assert ev.obj is not None
                 info = parse_node(ev.obj)
                 if info is None:
                     continue
-                if ev.type == "DELETED":
-                    self.nodes.pop(info.name, None)
-                else:
-                    self.nodes[info.name] = info
+                self.nodes[info.name] = info
                 if info.name == self.node:
-                    self.own_seen = ev.type != "DELETED"
+                    self.own_seen = True
                     notes = ev.obj.metadata.annotations if ev.obj.metadata is not None else None
                     self.own_annotations = notes if isinstance(notes, dict) else {}
+                    condition = network_unavailable(ev.obj)
+                    if condition != self.own_condition and condition != ("False", CONDITION_REASON):
+                        self._full = True  # set to something else (a cloud node controller at registration)
+                    self.own_condition = condition
             if self.synced:
                 self._dirty.set()
 
@@ -218,6 +262,84 @@ class ClusterNetwork:
             self.outcome = outcome
             self._report(outcome)
             await self._publish(outcome.vtep)
+            if full and outcome.own_programmed:
+                await self._network_available()
+
+    # ------------------------------------------------------------ the node's lifeline: the API server
+
+    async def _find_api_server(self) -> None:
+        """Keep :attr:`api_addresses` current: the server's host (resolved when it is a name) and the endpoints of
+        the ``kubernetes`` Service (in a pod the server is its ClusterIP, and packets go where kube-proxy sends
+        them), read at start and every ``resync_seconds``. A podCIDR holding one of them is never routed."""
+        while True:
+            found: list[IPAddress] = []
+            host = urlsplit(self.kube.source.server).hostname or ""
+            try:
+                found.append(ipaddress.ip_address(host))
+            except ValueError:
+                with contextlib.suppress(OSError):
+                    for *_, addr in await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM):
+                        found.append(ipaddress.ip_address(str(addr[0]).split("%")[0]))
+            try:
+                endpoints = await self.kube.get_json("/api/v1/namespaces/default/endpoints/kubernetes")
+            except KubeError:  # not readable (RBAC) or the API away: what is known stays
+                endpoints = {}
+            for subset in endpoints.get("subsets") or ():
+                for a in (subset.get("addresses") or ()) if isinstance(subset, dict) else ():
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        found.append(ipaddress.ip_address(a.get("ip")))
+            known = tuple(dict.fromkeys([*found, *(self.api_addresses if not endpoints else ())]))
+            if known and set(known) != set(self.api_addresses):
+                self.api_addresses = known
+                self.log.info("the API server's addresses, never routed to a pod network",
+                              addresses=",".join(map(str, known)))  # fmt: skip
+                self._full = True
+                self._dirty.set()
+            await asyncio.sleep(self.cfg.resync_seconds)
+
+    async def _heal(self) -> None:
+        """While the API server does not answer, take away any route of ours the path to it runs through (a podCIDR
+        the plan could not know held it, a route someone planted with our protocol): the node keeps its way to the
+        API server whatever the Nodes say. When it answers again after an outage, the watch starts over (its
+        connection may have died with the path)."""
+        assert self.health is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            reachable = await self.health.changed()
+            if reachable:
+                if self._follower is not None:
+                    self._follower.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await self._follower
+                self._follower = asyncio.create_task(self._follow(), name="cluster-watch")
+                continue
+            while self.health.reachable is False:
+                if self.role == "managing" and self._pool is not None:
+                    for dst, line in await loop.run_in_executor(self._pool, self._withdraw_api_paths):
+                        self.withdrawn[dst] = line
+                        self.metrics.withdrawn.inc()
+                        self.log.warning("cluster network: route withdrawn", route=str(dst), reason=line)
+                        self._event(Regarding.node(self.node), "RouteWithdrawn", f"route to {dst} withdrawn: {line}")
+                await asyncio.sleep(self.health.interval)
+
+    def _withdraw_api_paths(self) -> list[tuple[IPNetwork, str]]:
+        """On the netlink thread: delete each route of ours that the path to an API server address takes."""
+        if self._nl is None:
+            self._nl = Rtnl()
+        out = []
+        for address in self.api_addresses:
+            path = kernel.path_to(self._nl, address)
+            if path is None or path.protocol != self.cfg.route_protocol or path.dst.prefixlen == 0:
+                continue
+            route = self.have.routes.get(path.dst) or RouteSpec(path.dst, address, vxlan=False)
+            try:
+                kernel.del_route(self._nl, route, self.cfg.route_protocol, None)
+            except kernel.KernelError as e:
+                self.log.error("cluster network: cannot withdraw a route taking the API server's path", error=str(e))
+                continue
+            self.have.routes.pop(path.dst, None)
+            out.append((path.dst, f"the path to the API server at {address} ran through it, and it did not answer"))
+        return out
 
     # ------------------------------------------------------------ who changes the kernel (uninstall)
 
@@ -333,8 +455,22 @@ class ClusterNetwork:
             vx_index = kernel.vxlan_index(nl)
             out.problems.append(f"node {self.node} has no InternalIP on this host: no VXLAN endpoint")
         connected = kernel.connected(nl, pod_cidrs, [vx_index] if vx_index is not None else [])
-        local = Local(self.node, pod_cidrs, tuple(connected), out.vtep, self._cluster)
+        lifelines = (*self.api_addresses, *kernel.default_gateways(nl), *(own.internal_ips if own else ()))
+        local = Local(self.node, pod_cidrs, tuple(connected), out.vtep, self._cluster, tuple(dict.fromkeys(lifelines)),
+                      (self.cfg.broadest_pod_cidr.ipv4, self.cfg.broadest_pod_cidr.ipv6))  # fmt: skip
         want = desired(local, nodes.values(), self.cfg.mode)
+        for dst in [d for d in self.withdrawn if d not in want.state.routes]:
+            del self.withdrawn[dst]  # no Node asks for it any more
+        owner: dict[IPNetwork, tuple[str, int]] = {}
+        for peer, v in want.paths:
+            cidr = nodes[peer].pod_cidr(v)
+            if cidr is not None:
+                owner[cidr] = (peer, v)
+        for dst, why in self.withdrawn.items():
+            want.state.routes.pop(dst, None)
+            if dst in owner:
+                want.paths.pop(owner[dst], None)
+                want.unrouted[owner[dst]] = f"withdrawn: {why}"
         if full:
             owned = kernel.read_owned(nl, self.cfg.route_protocol, vx_index)
             self.have = owned.state
@@ -343,18 +479,26 @@ class ClusterNetwork:
                 want.state.routes.pop(dst)
         ch = changes(want.state, self.have)
         if ch:
-            out.problems += kernel.apply(nl, ch, self.have, self.cfg.route_protocol, vx_index)
-            self.metrics.changed.inc(ch.total())
+            applied = kernel.apply(nl, ch, self.have, self.cfg.route_protocol, vx_index)
+            self.metrics.changed.labels("done").inc(applied.done)
+            self.metrics.changed.labels("failed").inc(len(applied.failed))
+            for target, why in applied.failed:
+                if target is not None and target in owner:
+                    out.failed[owner[target]] = why
+                else:
+                    out.problems.append(why)
         if want.state.routes:
             families = {r.dst.version for r in want.state.routes.values()}
             if 4 in families:
                 sysctl.ensure("net/ipv4/ip_forward", "1")
             if 6 in families:
                 sysctl.ensure("net/ipv6/conf/all/forwarding", "1")
-        out.paths, out.unrouted = want.paths, want.unrouted
+        out.paths, out.unrouted, out.own_refused = want.paths, want.unrouted, want.own_refused
+        out.own_programmed = bool(want.own) and not out.failed
         if own is not None:
-            self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in pod_cidrs), out.mtu))
-        self._masquerade(pod_cidrs, nodes, want.refused, out)
+            refused = tuple((str(c), why) for c, why in want.own_refused)
+            self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in want.own), out.mtu, refused))
+        self._masquerade(want.own, nodes, want.refused, out)
         return out
 
     def _write_subnets(self, want: NodeSubnets) -> None:
@@ -393,25 +537,59 @@ class ClusterNetwork:
     # ------------------------------------------------------------ reporting
 
     def _report(self, o: Outcome) -> None:
+        """Metrics every pass; a log line and an Event for each new finding (each said once while it lasts)."""
         self.metrics.peers.labels("direct").set(sum(p == "direct" for p in o.paths.values()))
         self.metrics.peers.labels("vxlan").set(sum(p == "vxlan" for p in o.paths.values()))
-        self.metrics.peers.labels("none").set(len(o.unrouted))
-        unrouted = frozenset(o.unrouted.items())
-        problems = frozenset(o.problems)
-        if (unrouted, problems) == self._logged:
-            return
-        for (peer, version), why in sorted(unrouted - self._logged[0]):
-            self.log.warning("peer pod subnet not routed", peer=peer, family=f"IPv{version}", reason=why)
-            self._event(Regarding.node(peer), "PodCIDRNotRouted", f"IPv{version} pod subnet not routed from node "
-                        f"{self.node}: {why}")  # fmt: skip
-        for p in sorted(problems - self._logged[1]):
-            self.log.warning("cluster network problem", problem=p)
-            self._event(Regarding.node(self.node), "ClusterNetworkProblem", p)
-        self._logged = (unrouted, problems)
+        self.metrics.peers.labels("none").set(len(o.unrouted) + len(o.failed))
+        me = Regarding.node(self.node)
+        findings: dict[tuple[str, str], tuple[Regarding, str]] = {}
+        for (peer, version), why in o.unrouted.items():
+            note = f"IPv{version} pod subnet not routed from node {self.node}: {why}"
+            findings[("PodCIDRNotRouted", note)] = (Regarding.node(peer), note)
+        for _, why in o.own_refused:
+            note = f"{why}: the pod network of this node does not use it, and pods get no address from it"
+            findings[("PodCIDRRefused", note)] = (me, note)
+        for (peer, version), why in o.failed.items():
+            findings[("RouteNotProgrammed", f"peer {peer} IPv{version}: {why}")] = (me, "")
+        for p in o.problems:
+            reason = "ForeignRouteLeftAlone" if "nodeplug does not own" in p else "ClusterNetworkProblem"
+            findings[(reason, p)] = (me, "")
+        new = set(findings) - self._logged
+        for reason, text in sorted(new):
+            regarding, note = findings[(reason, text)]
+            self.log.warning("cluster network", finding=reason, detail=text)
+            self._event(regarding, reason, note or text)
+        self._logged = frozenset(findings)
 
     def _event(self, regarding: Regarding, reason: str, note: str) -> None:
         if self.events is not None:
             self.events.emit(regarding, "Warning", reason, note, action="Route")
+
+    async def _network_available(self) -> None:
+        """Set this Node's NetworkUnavailable condition to False once its pod network is programmed, as pod networks do
+        (cloud node controllers set it True at registration, and the scheduler keeps pods off such a node). Never set
+        back to True: not on a failed pass, and not when the API server errs; it is the node's network that counts."""
+        if not self.own_seen or self.own_condition == ("False", CONDITION_REASON):
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {"type": NETWORK_UNAVAILABLE, "status": "False", "reason": CONDITION_REASON,
+                     "message": "nodeplug routes this node's pod subnets to every peer", "lastTransitionTime": now,
+                     "lastHeartbeatTime": now}  # fmt: skip
+        try:
+            patch = {"status": {"conditions": [condition]}}
+            await self.kube.patch(Node.Status, self.node, patch, patch_type=PatchType.STRATEGIC)
+        except KubeError as e:  # retried with backoff (and after every full pass)
+            self._condition_failures += 1
+            delay = self.watch.backoff.delay(self._condition_failures)
+            self.log.warning(
+                "cannot set this Node's NetworkUnavailable condition", error=str(e) or repr(e), retry=delay
+            )
+            self._full = True
+            asyncio.get_running_loop().call_later(delay, self._dirty.set)
+            return
+        self._condition_failures = 0
+        self.own_condition = ("False", CONDITION_REASON)
+        self.log.info("set this Node's NetworkUnavailable condition to False", reason=CONDITION_REASON)
 
     async def _publish(self, vtep: Vtep | None) -> None:
         if vtep is None or not self.own_seen:
@@ -422,7 +600,7 @@ class ClusterNetwork:
             return
         patch = {"metadata": {"annotations": {VTEP_MAC: want[0], VTEP_ADDRESS: want[1]}}}
         try:
-            await self.kube.merge_patch(Node, self.node, patch)
+            await self.kube.patch(Node, self.node, patch)
         except KubeError as e:  # retried with backoff (and on every pass)
             self._publish_failures += 1
             delay = self.watch.backoff.delay(self._publish_failures)
@@ -434,10 +612,18 @@ class ClusterNetwork:
         self.log.info("published this node's VTEP", mac=want[0], address=want[1])
 
     def readiness(self) -> tuple[bool, str]:
-        """(ready, detail) for /readyz: not ready only while this node has no pod subnet to hand out."""
-        api = "API server reachable" if self.watch.status.connected else (
-            f"API server unreachable ({self.watch.status.last_error or 'connecting'}); routes kept"
-        )  # fmt: skip
+        """(ready, detail) for /readyz. Not ready while this node has no pod subnet to hand out, while the API
+        server does not answer (the network keeps its state meanwhile), and while a planned kernel change is refused
+        (naming the peer)."""
+        if self.health is None or self.health.reachable is None:
+            api_ok, api = self.watch.status.connected, (
+                "API server reachable" if self.watch.status.connected
+                else f"API server not reached yet ({self.watch.status.last_error or 'connecting'})"
+            )  # fmt: skip
+        else:
+            api_ok, api = self.health.reachable, self.health.describe()
+        if not api_ok:
+            api += "; routes kept as they are"
         if self.role in ("removed", "removing"):
             return False, (
                 f"removed from this node by `nodeplug install-cni --uninstall` ({self.marker} exists); not managed "
@@ -450,13 +636,21 @@ class ClusterNetwork:
             return False, f"node {self.node} is not in the API server: check --node-name (or NODE_NAME)"
         if own is not None and not own.pod_cidrs:
             return False, f"node {self.node} has no spec.podCIDRs: {CURE.format(node=self.node)}"
+        o = self.outcome
         written = self._subnets
         if written is not None and written.pod_cidrs:
             cidrs = ",".join(written.pod_cidrs)
             if not self.synced:
-                return True, f"pod subnets {cidrs} (from the last run); {api}"
-            o = self.outcome
+                return api_ok, f"pod subnets {cidrs} (from the last run); {api}"
             direct = sum(p == "direct" for p in o.paths.values())
             vxlan = sum(p == "vxlan" for p in o.paths.values())
-            return True, f"pod subnets {cidrs}; peers direct {direct}, vxlan {vxlan}, unrouted {len(o.unrouted)}; {api}"
+            detail = f"pod subnets {cidrs}; peers direct {direct}, vxlan {vxlan}, unrouted {len(o.unrouted)}"
+            if o.own_refused:
+                detail += "; refused: " + "; ".join(why for _, why in o.own_refused)
+            if o.failed:
+                shown = "; ".join(f"{p} IPv{v}: {why}" for (p, v), why in sorted(o.failed.items())[:4])
+                return False, f"{detail}; kernel refused routes to {len(o.failed)} peer subnet(s): {shown}; {api}"
+            return api_ok, f"{detail}; {api}"
+        if o.own_refused:
+            return False, "; ".join(f"this node's {why}" for _, why in o.own_refused) + f"; {api}"
         return False, f"waiting for node {self.node}'s podCIDRs from the API server; {api}"

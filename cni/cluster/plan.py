@@ -14,9 +14,17 @@ For each other node (a *peer*) and each address family of its podCIDRs, the mode
 A peer that cannot be routed the way the mode says (no InternalIP on a connected subnet in direct mode; no VTEP
 annotation yet, or a VTEP of the other underlay family, in vxlan mode) gets no route and an entry in
 :attr:`Desired.unrouted` naming the reason. Conflicts from hostile or broken Node objects (a podCIDR overlapping
-this node's or an earlier peer's or a subnet this node is connected to, or outside the configured cluster CIDRs, a
-VTEP MAC another peer already uses) are settled by name order and reported the
+this node's or an earlier peer's, a VTEP MAC another peer already uses) are settled by name order and reported the
 same way, so the outcome never depends on the order of events.
+
+**The node's lifelines are never routed away.** A podCIDR (a peer's, and this node's own, which the pod bridge and
+its pods would take) is refused when it :func:`trespasses`: it overlaps a subnet this node is connected to, holds an
+address the node depends on (:attr:`Local.lifelines`: the API server's addresses, the default gateways, the node's
+InternalIPs), touches address space that is never a pod network (loopback, link-local, multicast, broadcast and
+reserved, unspecified, IPv4-mapped IPv6), lies outside the configured cluster CIDRs, or, when none are configured,
+is broader than :attr:`Local.broadest` allows. A peer whose InternalIP or VTEP address is this node's own gets no
+route or FDB entry either. This node's own podCIDRs that pass are :attr:`Desired.own`, the only ones the pod
+network may use; the others are in :attr:`Desired.own_refused` with the reason.
 
 :func:`changes` compares a :class:`State` the kernel has (only entries the agent owns: routes of its protocol,
 FDB and neighbour entries on its VXLAN device) with the desired one and returns exactly what differs, so a
@@ -26,6 +34,7 @@ restarted agent leaves correct entries alone and traffic never pauses.
 from __future__ import annotations
 
 import bisect
+import ipaddress
 from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
@@ -40,14 +49,36 @@ class RouteSpec(NamedTuple):
     vxlan: bool  # on-link via the VXLAN device; else via the underlay (the kernel picks the interface)
 
 
+# Address space that is never a pod network, whatever the Nodes say.
+NEVER_POD_SPACE: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network", the unspecified address
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the limited broadcast address 255.255.255.255
+        "::/127",  # unspecified and loopback
+        "::ffff:0:0/96",  # IPv4-mapped
+        "fe80::/10",  # link-local
+        "ff00::/8",  # multicast
+    )
+)
+# With no cluster CIDRs configured, the broadest podCIDR accepted per family (a prefix length): a /1 would take half
+# of every remote destination.
+BROADEST = (16, 48)
+
+
 class Local(NamedTuple):
     """This node as the plan sees it."""
 
     name: str
-    pod_cidrs: tuple[IPNetwork, ...] = ()
+    pod_cidrs: tuple[IPNetwork, ...] = ()  # this node's podCIDRs as its Node says (judged like a peer's)
     connected: tuple[IPNetwork, ...] = ()  # underlay subnets this node is on (its own pod subnets excluded)
     vtep: Vtep | None = None  # this node's VXLAN endpoint, None when the mode uses none (direct)
-    cluster: tuple[IPNetwork, ...] = ()  # cni.cluster.cluster_cidrs: when set, every routed podCIDR lies in one
+    cluster: tuple[IPNetwork, ...] = ()  # cluster_network.cluster_cidrs: when set, every podCIDR lies in one
+    lifelines: tuple[IPAddress, ...] = ()  # API server addresses, default gateways, this node's own addresses
+    broadest: tuple[int, int] = BROADEST  # without cluster CIDRs: the shortest prefix accepted (IPv4, IPv6)
 
 
 class State(NamedTuple):
@@ -67,6 +98,8 @@ class Desired(NamedTuple):
     paths: dict[tuple[str, int], str]  # (peer, IP version) -> "direct" | "vxlan"
     unrouted: dict[tuple[str, int], str]  # (peer, IP version) -> why it has no route
     refused: frozenset[tuple[str, int]] = frozenset()  # (peer, IP version) whose podCIDR is no pod network: a conflict
+    own: tuple[IPNetwork, ...] = ()  # this node's podCIDRs the pod network may use
+    own_refused: tuple[tuple[IPNetwork, str], ...] = ()  # this node's other podCIDRs, with the reason
 
 
 class Changes(NamedTuple):
@@ -111,6 +144,8 @@ def _direct_gateway(local: Local, peer: NodeInfo, version: int) -> tuple[IPAddre
     gw = peer.internal_ip(version)
     if gw is None:
         return None, f"no IPv{version} InternalIP"
+    if gw in local.lifelines:
+        return None, f"its InternalIP {gw} is an address this node depends on (its own, a gateway or the API server)"
     if not any(gw in net for net in local.connected):
         return None, f"InternalIP {gw} is not on a subnet this node is connected to"
     return gw, ""
@@ -125,17 +160,32 @@ def _vxlan_peer(local: Local, peer: NodeInfo) -> tuple[Vtep | None, str]:
         return None, f"its VTEP {peer.vtep.address} is of the other underlay family than this node's"
     if peer.vtep.mac == local.vtep.mac:
         return None, f"its VTEP MAC {peer.vtep.mac} is this node's own"
+    if peer.vtep.address == local.vtep.address or peer.vtep.address in local.lifelines:
+        return None, f"its VTEP address {peer.vtep.address} is an address this node depends on"
     return peer.vtep, ""
 
 
-def _outside_pod_space(local: Local, cidr: IPNetwork) -> str:
-    """Why a peer's podCIDR must not be routed at all (it would take traffic away from the underlay, or from
-    outside the configured cluster CIDRs); empty when it may."""
+def trespasses(local: Local, cidr: IPNetwork) -> str:
+    """Why ``cidr`` must not be a pod network on this node, a peer's or its own (see the module docstring); empty
+    when it may be one."""
+    never = next((n for n in NEVER_POD_SPACE if n.version == cidr.version and n.overlaps(cidr)), None)
+    if never is not None:
+        return f"podCIDR {cidr} overlaps {never}, which is never a pod network"
     underlay = next((n for n in local.connected if n.version == cidr.version and n.overlaps(cidr)), None)
     if underlay is not None:
         return f"podCIDR {cidr} overlaps {underlay}, a subnet this node is connected to"
-    if local.cluster and not any(c.version == cidr.version and cidr.subnet_of(c) for c in local.cluster):  # type: ignore[arg-type]
-        return f"podCIDR {cidr} is outside cni.cluster.cluster_cidrs"
+    lifeline = next((a for a in local.lifelines if a in cidr), None)
+    if lifeline is not None:
+        return f"podCIDR {cidr} holds {lifeline}, an address this node depends on (API server, gateway or its own)"
+    if local.cluster:
+        if not any(c.version == cidr.version and cidr.subnet_of(c) for c in local.cluster):  # type: ignore[arg-type]
+            return f"podCIDR {cidr} is outside cluster_network.cluster_cidrs"
+    elif cidr.prefixlen < local.broadest[0 if cidr.version == 4 else 1]:
+        limit = local.broadest[0 if cidr.version == 4 else 1]
+        return (
+            f"podCIDR {cidr} is broader than /{limit}, the broadest accepted while cluster_network.cluster_cidrs is "
+            "empty (set it to the cluster CIDRs)"
+        )
     return ""
 
 
@@ -146,9 +196,15 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
     unrouted: dict[tuple[str, int], str] = {}
     refused: set[tuple[str, int]] = set()
     claimed = _Claims()
+    own: list[IPNetwork] = []
+    own_refused: list[tuple[IPNetwork, str]] = []
     for c in local.pod_cidrs:
-        if claimed.owner_overlapping(c) is None:
+        why = trespasses(local, c)
+        if why:
+            own_refused.append((c, why))
+        elif claimed.owner_overlapping(c) is None:
             claimed.add(c, local.name)
+            own.append(c)
     mac_owner: dict[str, str] = {}
     for peer in sorted(nodes, key=lambda n: n.name):
         if peer.name == local.name:
@@ -160,7 +216,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
         for cidr in peer.pod_cidrs:
             key = (peer.name, cidr.version)
             clash = claimed.owner_overlapping(cidr)
-            why = f"podCIDR {cidr} overlaps node {clash}'s" if clash is not None else _outside_pod_space(local, cidr)
+            why = f"podCIDR {cidr} overlaps node {clash}'s" if clash is not None else trespasses(local, cidr)
             if why:
                 unrouted[key] = why
                 refused.add(key)
@@ -181,7 +237,7 @@ def desired(local: Local, nodes: Iterable[NodeInfo], mode: Mode) -> Desired:
                 )  # fmt: skip
                 continue
             claimed.add(cidr, peer.name)
-    return Desired(state, paths, unrouted, frozenset(refused))
+    return Desired(state, paths, unrouted, frozenset(refused), tuple(own), tuple(own_refused))
 
 
 def changes(want: State, have: State) -> Changes:

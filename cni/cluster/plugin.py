@@ -37,7 +37,7 @@ class ClusterNetworkPlugin:
         root = self.ctx.root
         self.service = ClusterNetwork(
             self.section, kube, self.ctx.node_name, root(self.section.subnets_file), self.log, self.metrics,
-            root(uninstall.LOCK), root(uninstall.MARKER), events=self.ctx.events,
+            root(uninstall.LOCK), root(uninstall.MARKER), events=self.ctx.events, health=self.ctx.api_health,
         )  # fmt: skip
         await self.service.start()
 

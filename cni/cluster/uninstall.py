@@ -33,6 +33,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Route protocol numbers the kernel and the routing daemons use (iproute2's rt_protos registry): routes of these are
+# never nodeplug's, so neither the config nor a lock record may name one (an uninstall deletes by protocol).
+RESERVED_PROTOCOLS = {
+    0: "unspec", 1: "redirect", 2: "kernel", 3: "boot", 4: "static", 8: "gated", 9: "ra", 10: "mrt", 11: "zebra",
+    12: "bird", 13: "dnrouted", 14: "xorp", 15: "ntk", 16: "dhcp", 17: "mrouted", 18: "keepalived", 42: "babel",
+    99: "openr", 186: "bgp", 187: "isis", 188: "ospf", 189: "rip", 192: "eigrp",
+}  # fmt: skip
+
+
+def ours(protocol: int) -> bool:
+    """Whether ``protocol`` is a route protocol number nodeplug may own."""
+    return 1 <= protocol <= 254 and protocol not in RESERVED_PROTOCOLS
+
+
 LOCK = "/run/nodeplug/cluster-network.lock"
 MARKER = "/run/nodeplug/cluster-network.uninstall"
 FORMAT = 1
@@ -77,7 +91,7 @@ def parse_record(data: bytes) -> Record | None:
         return None
     if not subnets.startswith("/") or "\0" in subnets or ".." in subnets.split("/") or len(node) > 253:
         return None
-    if isinstance(proto, bool) or not isinstance(proto, int) or not 5 <= proto <= 254:
+    if isinstance(proto, bool) or not isinstance(proto, int) or not ours(proto):
         return None
     if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
         return None

@@ -24,6 +24,7 @@ import ipaddress
 from collections.abc import Sequence
 from typing import Any
 
+from cni.dataplane.names import BRIDGE_ALIAS
 from cni.dataplane.nl import (
     IFF_PROMISC,
     IFF_UP,
@@ -57,14 +58,21 @@ def ensure_bridge(nl: Rtnl, conf: BridgeConf, ips: Sequence[IPConfig]) -> tuple[
         attrs: list[Attr] = [("IFLA_IFNAME", name), ("IFLA_ADDRESS", random_mac()), linkinfo("bridge")]
         if conf.mtu:
             attrs.append(("IFLA_MTU", conf.mtu))
+        created = True
         try:
             create_link(nl, attrs)
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise nl_error(f"create bridge {name}", e) from None
+            created = False  # a concurrent ADD made it
         msg = get_link(nl, name)
         if msg is None:
             raise CniError(DATAPLANE, details=f"bridge {name} vanished right after it was created")
+        if created:
+            try:  # marks it as nodeplug's, for the uninstall (set after creation: a new link takes no alias)
+                set_link(nl, int(msg["index"]), [("IFLA_IFALIAS", BRIDGE_ALIAS)])
+            except NetlinkError as e:
+                raise nl_error(f"mark bridge {name} as nodeplug's", e) from None
     kind = link_kind(msg)
     if kind != "bridge":
         raise CniError(

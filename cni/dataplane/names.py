@@ -5,6 +5,8 @@
   link as ours, says which network and attachment it serves (for GC and for people reading ``ip link``) and whether
   ADD put masquerade rules in place (so DEL runs ``nft`` only then). A container id too long for the kernel's limit on
   aliases (254 bytes here) is replaced by ``#`` and 32 hex digits of its hash (``#`` never starts a container id);
+- pod bridge alias: :data:`BRIDGE_ALIAS` on a bridge ADD created, so that an uninstall never removes a bridge of
+  that name that nodeplug did not make;
 - nft rule comment: ``nodeplug <host veth> <netkey> <container_id>`` — DEL and GC match on the first three words.
 
 ``netkey`` is the network name, or ``#`` + 12 hex digits of its hash when the name is too long to leave room for the
@@ -27,6 +29,8 @@ except ImportError:
         from hashlib import sha256 as _sha256
 
 ALIAS_PREFIX = "nodeplug "
+# The alias of a pod bridge nodeplug created (the uninstall removes only bridges that carry it).
+BRIDGE_ALIAS = "nodeplug pod bridge"
 _ALIAS_MAX = 254  # bytes: IFALIASZ is 256 with the NUL, and the kernel refuses an alias of 255 bytes (seen on 6.x)
 MASQ, NO_MASQ = "+masq", "+nomasq"
 _COMMENT_MAX = 127  # NFT_USERDATA_MAXLEN is 256, but nft limits comments to 128 bytes including the NUL

@@ -184,14 +184,20 @@ class Rtnl:
 
     def dump(self, msg: Any, msg_type: int, reply: type[Any]) -> list[Any]:
         """Send a DUMP request and return every answer decoded as ``reply`` (read again while interrupted)."""
+        decoded = [reply(data) for data in self.dump_raw(msg, msg_type)]
+        for m in decoded:
+            m.decode()
+        return decoded
+
+    def dump_raw(self, msg: Any, msg_type: int) -> list[bytes]:
+        """Send a DUMP request and return every answer as the message's bytes (netlink header included), for a
+        caller that reads a few fields of thousands of answers: pyroute2's decoded messages cost kilobytes each, and
+        their reference cycles outlive the call until the garbage collector runs."""
         for _ in range(_DUMP_ATTEMPTS):
             seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_DUMP)
             answers = list(self._replies(seq, done_at_ack=False))
             if not any(flags & NLM_F_DUMP_INTR for flags, _ in answers):
-                decoded = [reply(data) for _, data in answers]
-                for m in decoded:
-                    m.decode()
-                return decoded
+                return [data for _, data in answers]
         raise NetlinkError(0, f"netlink dump (type {msg_type}) kept being interrupted by concurrent changes")
 
     # ------------------------------------------------------------ wire

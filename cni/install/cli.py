@@ -28,6 +28,7 @@ from cni.install.conflist import (
 )
 from cni.install.errors import InputError, InstallError
 from cni.nodesubnets import DEFAULT_PATH as DEFAULT_NODE_SUBNETS
+from nodeplug.config import AgentConfig, ConfigError, load
 from nodeplug.fsutil import fsync_dir
 from nodeplug.paths import CNI_BIN_DIR, CNI_CONF_DIR, Root
 
@@ -107,6 +108,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ipam-data-dir", metavar="DIR", help="where leases are kept on the host (default /var/lib/nodeplug/ipam)"
     )
     parser.add_argument("--force", action="store_true", help="take over a nodeplug file or conflist not written here")
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help=f"with --uninstall: the agent config, whose cluster_network route protocol and subnets file are removed "
+        f"(default $NODEPLUG_CONFIG, else {AGENT_CONFIG} when it exists, else the built-in defaults)",
+    )  # fmt: skip
+
+
+AGENT_CONFIG = "/etc/nodeplug/agent.yaml"  # where the DaemonSet's agent container has it
+
+
+def _agent_config(args: argparse.Namespace) -> AgentConfig:
+    """The agent config the uninstall takes the cluster network's route protocol and subnets file from: never a
+    record the last agent left on the host."""
+    path = args.config or (Path(p) if (p := os.environ.get("NODEPLUG_CONFIG")) else None)
+    if path is None and Path(AGENT_CONFIG).is_file():
+        path = Path(AGENT_CONFIG)
+    try:
+        return load(path)
+    except ConfigError as e:
+        raise InputError(str(e)) from None
 
 
 def _layout(args: argparse.Namespace) -> Layout:
@@ -120,8 +141,9 @@ def _layout(args: argparse.Namespace) -> Layout:
 def run_install(args: argparse.Namespace) -> int:
     layout, root = _layout(args), Root(args.root.resolve())
     if args.uninstall:
+        cluster = _agent_config(args).cluster_network
         uninstall(layout, on_node=network.on_this_node(root))
-        network.remove_cluster_network(root, print)
+        network.remove_cluster_network(root, print, None, cluster.route_protocol, cluster.subnets_file)
         return 0
     conf: dict[str, Any] | None = None
     if not args.skip_conflist:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cni.dataplane.names import BRIDGE_ALIAS
 from cni.nodesubnets import DEFAULT_PATH as DEFAULT_SUBNETS
 from nodeplug import commands
 from nodeplug.paths import Root
@@ -30,7 +31,7 @@ from nodeplug.paths import Root
 MASQ_TABLE = ("inet", "nodeplug")
 TIMEOUT = 10.0
 AGENT_TIMEOUT = 30.0  # for the running agent to finish its pass and remove the cluster network (milliseconds, usually)
-DEFAULT_PROTOCOL = 110  # cni.cluster.route_protocol's default (its config model is not imported here: pydantic)
+DEFAULT_PROTOCOL = 110  # cluster_network.route_protocol's default
 
 
 class NetworkError(Exception):
@@ -55,6 +56,9 @@ def remove_bridge(name: str, say: Callable[[str], None]) -> None:
         return  # not there
     if not links or links[0].get("linkinfo", {}).get("info_kind") != "bridge":
         say(f"left {name} in place: not a bridge")
+        return
+    if links[0].get("ifalias") != BRIDGE_ALIAS:
+        say(f"left bridge {name} in place: nodeplug did not create it (no alias {BRIDGE_ALIAS!r})")
         return
     ports = [p["ifname"] for p in _ip_json("link", "show", "master", name)]
     if ports:
@@ -98,11 +102,21 @@ def on_this_node(root: Root) -> bool:
     return root.path == Path("/")
 
 
-def remove_cluster_network(root: Root, say: Callable[[str], None], timeout: float | None = None) -> None:
-    """Ask the agent of ``root`` to remove the cluster network and leave it alone, wait, then remove what is left."""
+def remove_cluster_network(
+    root: Root,
+    say: Callable[[str], None],
+    timeout: float | None = None,
+    protocol: int = DEFAULT_PROTOCOL,
+    subnets_file: str = DEFAULT_SUBNETS,
+) -> None:
+    """Ask the agent of ``root`` to remove the cluster network and leave it alone, wait, then remove what is left:
+    routes of ``protocol`` and ``subnets_file`` (under ``root``), both from the agent config, never from the lock
+    record the last agent left (a record naming others is reported and not obeyed)."""
     from cni.cluster import uninstall
 
     timeout = AGENT_TIMEOUT if timeout is None else timeout
+    if not uninstall.ours(protocol):
+        raise NetworkError(f"route protocol {protocol} is one the kernel or a routing daemon uses: never nodeplug's")
 
     lock_path, marker = root(uninstall.LOCK), root(uninstall.MARKER)
     if root.path != Path("/") and not lock_path.exists():
@@ -124,10 +138,10 @@ def remove_cluster_network(root: Root, say: Callable[[str], None], timeout: floa
             say("left the cluster network alone here: the agent of this root ran in another network namespace; run "
                 "the uninstall there")  # fmt: skip
             return
-        protocol = record.route_protocol if record is not None else DEFAULT_PROTOCOL
-        subnets = root(DEFAULT_SUBNETS)
-        if record is not None and Path(record.subnets_file).is_relative_to(root.path):
-            subnets = Path(record.subnets_file)
+        subnets = root(subnets_file)
+        if record is not None and (record.route_protocol, record.subnets_file) != (protocol, str(subnets)):
+            say(f"the lock record names route protocol {record.route_protocol} and {record.subnets_file}, not the "
+                f"agent config's {protocol} and {subnets}: not obeyed (the config's are removed)")  # fmt: skip
         done = _teardown(protocol, subnets)
         for line in [*done.removed, *done.kept]:
             say(line)

@@ -47,6 +47,7 @@ from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nodeplug.grpcserve import UnixGrpcServer
 from nodeplug.kube import Backoff, KubeClient, KubeError
+from nodeplug.kube.events import EventRecorder
 from nodeplug.log import Logger
 from nodeplug.metrics import Metrics
 from nodeplug.paths import KUBELET_DIR, PLUGINS_DIR, PLUGINS_REGISTRY_DIR, Root
@@ -112,8 +113,10 @@ class DraDriver:
         log: Logger,
         kube: KubeClient | None,
         node: str,
+        events: EventRecorder | None = None,
     ) -> None:
         self.cfg = cfg
+        self.events = events
         self.root = root
         self.host_root = host_root
         self.runtimes = runtimes
@@ -149,7 +152,7 @@ class DraDriver:
         self.preparer = preparer
         self.attach()
         self.apply_holds()
-        handler = Handler(preparer, self.log)
+        handler = Handler(preparer, self.log, self.events, lambda: self.version)
         server = UnixGrpcServer(self.socket, plugin="dra", metrics=self.metrics, log=self.log)
         server.add(v1_grpc.add_DRAPluginServicer_to_server, V1Servicer(handler))
         server.add(v1beta1_grpc.add_DRAPluginServicer_to_server, V1Beta1Servicer(handler))

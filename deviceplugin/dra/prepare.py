@@ -249,9 +249,17 @@ class Preparer:
         self._release(claim.uid)
         self.devices.claims_changed()
 
-    async def unprepare(self, uid: str) -> None:
+    async def unprepare(self, ref: ClaimRef) -> None:
+        """Undo the preparation of the claim ``ref`` names; its namespace and name must be the ones it was prepared
+        under (as prepare checks), so a request naming another claim with this UID removes nothing."""
+        uid = ref.uid
         async with self._locks.hold(uid):
             claim = await asyncio.to_thread(self.store.get, uid)
+            if claim is not None and (claim.namespace, claim.name) != (ref.namespace, ref.name):
+                raise PrepareError(
+                    f"claim {uid} was prepared as {claim.namespace}/{claim.name}, not {ref.namespace}/{ref.name}: "
+                    "not unprepared"
+                )
             if claim is None:
                 if uid in self._who:  # held by a preparation cancelled before its record was known to be written
                     self._release(uid)

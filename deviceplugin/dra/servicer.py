@@ -10,7 +10,7 @@ failure for one claim is reported in its entry too, so one bad claim never fails
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -21,6 +21,7 @@ from nodeplug.api.dra.v1 import api_pb2 as v1
 from nodeplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from nodeplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from nodeplug.kube.events import EventRecorder, Regarding
 from nodeplug.log import Logger
 
 MAX_CLAIMS = 1024
@@ -42,9 +43,23 @@ class Handler:
     """What both services do, on the claims of a request of either package; each service builds its own typed
     response from the outcome (per claim UID, in the request's order, each UID once)."""
 
-    def __init__(self, preparer: Preparer, log: Logger) -> None:
+    def __init__(
+        self,
+        preparer: Preparer,
+        log: Logger,
+        events: EventRecorder | None = None,
+        api_version: Callable[[], str] = lambda: "v1beta1",
+    ) -> None:
         self.preparer = preparer
         self.log = log
+        self.events = events
+        self.api_version = api_version  # the resource.k8s.io version the driver reads claims in
+
+    def _event(self, c: _Claim, action: str, reason: str, note: str) -> None:
+        """An Event on the ResourceClaim, which ``kubectl describe resourceclaim`` shows beside kubelet's own."""
+        if self.events is not None:
+            regarding = Regarding("ResourceClaim", c.name, c.namespace, c.uid, f"resource.k8s.io/{self.api_version()}")
+            self.events.emit(regarding, "Warning", reason, note, action=action)
 
     @staticmethod
     async def _check(claims: Sequence[_Claim], context: Context) -> None:
@@ -57,6 +72,7 @@ class Handler:
             return await self.preparer.prepare(ref), ""
         except PrepareError as e:
             self.log.warning("claim not prepared", claim=f"{c.namespace}/{c.name}", claim_uid=c.uid, error=str(e))
+            self._event(c, "Prepare", "ClaimNotPrepared", str(e))
             return (), str(e)
         except Exception as e:
             self.log.error("claim not prepared", exc_info=True, claim_uid=c.uid)
@@ -65,10 +81,11 @@ class Handler:
     async def _unprepare_one(self, c: _Claim) -> str:
         try:
             ref = self.preparer.check_ref(c.namespace, c.name, c.uid)
-            await self.preparer.unprepare(ref.uid)
+            await self.preparer.unprepare(ref)
             return ""
         except PrepareError as e:
             self.log.warning("claim not unprepared", claim_uid=c.uid, error=str(e))
+            self._event(c, "Unprepare", "ClaimNotUnprepared", str(e))
             return str(e)
         except Exception as e:
             self.log.error("claim not unprepared", exc_info=True, claim_uid=c.uid)

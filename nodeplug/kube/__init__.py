@@ -3,7 +3,7 @@
 - :mod:`nodeplug.kube.config`: where the API is (``--kubeconfig``, ``KUBECONFIG``, the in-cluster service account,
   or nowhere: single-node mode) and this node's name;
 - :mod:`nodeplug.kube.client`: :class:`KubeClient`, typed object requests over lightkube's models (``get``,
-  ``list``, ``create``, ``replace``, ``merge_patch``, ``delete``), with one mapping of every failure to the error tree
+  ``list``, ``create``, ``replace``, ``patch``, ``delete``), with one mapping of every failure to the error tree
   ``KubeError`` > ``KubeUnavailable`` | ``KubeApiError`` (:func:`api_errors`);
 - :mod:`nodeplug.kube.watch`: :class:`ListWatch`, list + watch with resume, relist on 410, bookmarks and backoff,
   yielding the kind's lightkube model (``ListWatch(client, Node)``, ``ListWatch(client, Pod, namespace=...)``,

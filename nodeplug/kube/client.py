@@ -3,7 +3,7 @@
 :class:`KubeClient` holds two things built from one :class:`~nodeplug.kube.config.KubeSource`:
 
 - typed object work through lightkube: :meth:`KubeClient.get`, :meth:`~KubeClient.list`, :meth:`~KubeClient.create`,
-  :meth:`~KubeClient.replace`, :meth:`~KubeClient.merge_patch`, :meth:`~KubeClient.delete` take and return
+  :meth:`~KubeClient.replace`, :meth:`~KubeClient.patch`, :meth:`~KubeClient.delete` take and return
   lightkube's resource models (``lightkube.resources.core_v1.Node``,
   ``lightkube.resources.resource_v1beta1.ResourceSlice``, ...), which lightkube decodes and checks against the
   API's schema (msgspec): an object of the wrong shape never reaches the agent. :meth:`KubeClient.read` decodes any
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
@@ -131,6 +132,8 @@ class KubeClient:
         # Raw requests: its own connection pool, so a long watch never waits behind (or holds up) typed calls.
         params = ConnectionParams(timeout=httpx2.Timeout(timeout), transport=transport)  # type: ignore[arg-type]
         self._http = adapter_client(source.config, params)
+        # when the API server last answered a raw request (time.monotonic()), None before it ever did
+        self.last_answer: float | None = None
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -166,12 +169,18 @@ class KubeClient:
         with api_errors(f"replace {type(obj).__name__}"):
             return cast(R, await self._api.replace(obj))
 
-    async def merge_patch(
-        self, res: type[R], name: str, patch: Mapping[str, object], namespace: str | None = None
+    async def patch(
+        self,
+        res: type[R],
+        name: str,
+        patch: Mapping[str, object],
+        namespace: str | None = None,
+        patch_type: PatchType = PatchType.MERGE,
     ) -> R:
-        """A JSON merge patch (RFC 7386) of one object; the object as stored."""
+        """A patch of one object (or subresource: ``Node.Status``), a JSON merge patch (RFC 7386) unless
+        ``patch_type`` says otherwise; the object as stored."""
         with api_errors(f"patch {res.__name__} {name}"):
-            stored = await self._api.patch(res, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE)
+            stored = await self._api.patch(res, name, dict(patch), namespace=namespace, patch_type=patch_type)
             return cast(R, stored)
 
     async def delete(self, res: type[R], name: str, namespace: str | None = None) -> None:
@@ -197,6 +206,7 @@ class KubeClient:
             resp = await self._http.get(path, params=dict(params or {}))
         except httpx2.HTTPError as e:
             raise KubeUnavailable(f"GET {path}: {type(e).__name__}: {e}") from None
+        self.last_answer = time.monotonic()
         if resp.status_code >= 400:
             raise _status_error(resp, resp.content)
         try:
@@ -218,6 +228,7 @@ class KubeClient:
                 if resp.status_code >= 400:
                     raise _status_error(resp, await resp.aread())
                 async for line in resp.aiter_lines():
+                    self.last_answer = time.monotonic()
                     if not line.strip():
                         continue
                     try:

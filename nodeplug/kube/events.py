@@ -242,7 +242,7 @@ class EventRecorder:
         count, last = series.count, series.last
         if series.name:
             patch = {"series": {"count": count, "lastObservedTime": _micro(last).isoformat(timespec="microseconds")}}
-            await self.kube.merge_patch(Event, series.name, patch, namespace=key.regarding.event_namespace)
+            await self.kube.patch(Event, series.name, patch, namespace=key.regarding.event_namespace)
             series.sent_count, series.last_patch = count, self.clock()
             return
         r = key.regarding

@@ -16,13 +16,20 @@ resourceVersion:
   exponentially with jitter (``Retry-After`` honoured) and resumes; nothing is lost, nothing raised. A watch that
   delivers nothing, not even a bookmark, for longer than its timeout is taken for a dead connection and restarted.
 
-The iterator never ends by itself; cancel the task that consumes it. :attr:`ListWatch.status` tells whether the
-API is reachable now, when the collection was last in sync, and the last error (for ``/readyz`` and logs).
+The iterator never ends by itself; cancel the task that consumes it (iterating :meth:`ListWatch.events` again
+resumes from the last resourceVersion). :attr:`ListWatch.status` tells when the API last answered, when the
+collection was last in sync, and the last error (for logs; :mod:`nodeplug.kube.health` says whether the API server
+answers now).
 
 Objects are the kind's lightkube model (``ListWatch(client, Node)`` yields ``lightkube.resources.core_v1.Node``),
-decoded here and checked against the kind's schema, keyed by ``namespace/name`` (``name`` for cluster-scoped kinds).
-An object the API server sends in another shape is not one the agent can use: it is logged once per version and
-counts as absent (DELETED, with its last good state, if it had one), while the others of the list go on.
+decoded here and checked against the kind's schema, keyed by ``namespace/name`` (``name`` for cluster-scoped kinds);
+``transform`` first keeps what the consumer reads of the object as the API server sent it (the rest is never
+decoded). An object sent in another shape is not one the agent can use: it is logged once per version and counts as
+absent (DELETED, if it was there), while the others go on. The list+watch holds the resourceVersion of every object
+of the collection, and with ``keep_objects`` (the default) the objects too, for a consumer that reads them there; a
+consumer that keeps its own parsed view (the cluster network) turns that off, so the agent's memory does not grow
+with what it never reads. A DELETED event carries the object's last state when there is one to give (kept, or sent
+with the deletion), else None: its key names what went.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ R = TypeVar("R", bound=Resource)
 class Event(Generic[R]):
     type: EventType
     key: str = ""  # namespace/name; "" for SYNCED
-    obj: R | None = None  # the object (its last known state for DELETED); None for SYNCED
+    obj: R | None = None  # the object; for DELETED its last state when there is one to give; None for SYNCED
 
 
 @dataclass(frozen=True)
@@ -96,21 +103,19 @@ def _rv(obj: Mapping[str, Any]) -> str:
     return rv if isinstance(rv, str) else ""
 
 
-def version_of(obj: Resource) -> str:
-    """The object's resourceVersion ("" when it has none)."""
-    meta = getattr(obj, "metadata", None)
-    return (meta.resourceVersion or "") if meta is not None else ""
-
-
-def diff(old: Mapping[str, R], new: Mapping[str, R]) -> list[Event[R]]:
-    """The events that turn the collection ``old`` into ``new`` (keys -> objects), deletions first."""
-    events: list[Event[R]] = [Event("DELETED", k, obj) for k, obj in old.items() if k not in new]
-    for k, obj in new.items():
+def diff(
+    old: Mapping[str, str], new: Mapping[str, str], objects: Mapping[str, R], last: Mapping[str, R]
+) -> list[Event[R]]:
+    """The events that turn the collection whose resourceVersions were ``old`` (key -> version) into the one whose
+    versions are ``new`` (with its ``objects``), deletions first; a deleted object's last state from ``last`` when
+    kept, else None."""
+    events: list[Event[R]] = [Event("DELETED", k, last.get(k)) for k in old if k not in new]
+    for k, rv in new.items():
         before = old.get(k)
         if before is None:
-            events.append(Event("ADDED", k, obj))
-        elif version_of(before) != version_of(obj) or not version_of(obj):
-            events.append(Event("MODIFIED", k, obj))
+            events.append(Event("ADDED", k, objects[k]))
+        elif before != rv or not before:
+            events.append(Event("MODIFIED", k, objects[k]))
     return events
 
 
@@ -129,6 +134,8 @@ class ListWatch(Generic[R]):
         watch_seconds: tuple[int, int] = (240, 480),
         page_size: int = PAGE_SIZE,
         log: Logger | None = None,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        keep_objects: bool = True,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -141,15 +148,19 @@ class ListWatch(Generic[R]):
         self.watch_seconds = watch_seconds
         self.page_size = page_size
         self.log = log or get_logger("kube", kind=self.kind)
-        self.cache: dict[str, R] = {}
+        self.transform = transform
+        self.keep_objects = keep_objects
+        self.versions: dict[str, str] = {}  # key -> resourceVersion of every object of the collection
+        self.cache: dict[str, R] = {}  # key -> object, when keep_objects
         self.resource_version = ""
         self.status = WatchStatus()
         self._refused: dict[str, str] = {}  # key -> the resourceVersion of the object last refused (logged once)
 
-    def _decode(self, key: str, raw: Mapping[str, Any]) -> R | None:
-        """The object as its model; None (said once per version) when it is not of the kind's schema."""
+    def _decode(self, key: str, raw: dict[str, Any]) -> R | None:
+        """What ``transform`` keeps of the object, as its model; None (said once per version) when it is not of the
+        kind's schema."""
         try:
-            obj = decode(raw, self.resource)
+            obj = decode(self.transform(raw) if self.transform is not None else raw, self.resource)
         except msgspec.ValidationError as e:
             if self._refused.get(key) != _rv(raw):
                 self._refused[key] = _rv(raw)
@@ -185,6 +196,7 @@ class ListWatch(Generic[R]):
 
     async def _relist(self) -> AsyncIterator[Event[R]]:
         items: dict[str, R] = {}
+        versions: dict[str, str] = {}
         params = {**self.selectors, "limit": str(self.page_size)}
         while True:
             try:
@@ -193,20 +205,22 @@ class ListWatch(Generic[R]):
                 if e.code == 410 and "continue" in params:  # the continue token expired: start the list again
                     params.pop("continue")
                     items.clear()
+                    versions.clear()
                     continue
                 raise
             self._contact()
             for raw in page.get("items") or ():
                 if isinstance(raw, dict) and (key := object_key(raw)) and (obj := self._decode(key, raw)):
-                    items[key] = obj
+                    items[key], versions[key] = obj, _rv(raw)
             meta = page.get("metadata") if isinstance(page.get("metadata"), dict) else {}
             token = meta.get("continue") if isinstance(meta, dict) else None
             if not token:
                 rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 break
             params["continue"] = str(token)
-        events = diff(self.cache, items)
-        self.cache = items
+        events = diff(self.versions, versions, items, self.cache)
+        self.versions = versions
+        self.cache = items if self.keep_objects else {}
         self.resource_version = rv if isinstance(rv, str) else ""
         self.status.relists += 1
         self.status.synced_at = time.monotonic()
@@ -256,15 +270,20 @@ class ListWatch(Generic[R]):
         key = object_key(raw)
         if not key or kind not in ("ADDED", "MODIFIED", "DELETED"):
             return None
-        obj = self._decode(key, raw) if kind != "DELETED" else None
+        obj = self._decode(key, raw)
         if kind == "DELETED" or obj is None:  # gone, or no longer of a shape the agent can use
             before = self.cache.pop(key, None)
-            last = (self._decode(key, raw) if kind == "DELETED" else None) or before
-            return Event("DELETED", key, last) if last is not None else None
-        known = key in self.cache
-        self.cache[key] = obj
+            known = self.versions.pop(key, None) is not None
+            if kind == "DELETED" or known:
+                return Event("DELETED", key, obj or before)
+            return None
+        known = key in self.versions
+        self.versions[key] = rv
+        if self.keep_objects:
+            self.cache[key] = obj
         return Event("MODIFIED" if known or kind == "MODIFIED" else "ADDED", key, obj)
 
     def _contact(self) -> None:
         self.status.last_contact = time.monotonic()
         self.status.last_error = ""
+        self.status.connected = True

@@ -108,7 +108,7 @@ class Node:
         while True:
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-4000:]
             status, body = self.http("/readyz")
-            if status == 200 and "cni: ready" in body:
+            if status == 200 and "cni: ready" in body and "cluster_network: ready" in body:
                 return body
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name} not ready in {timeout}s: {status} {body}\n{self.log_tail()}")
@@ -230,10 +230,11 @@ class Lab:
         assert self.cp is not None
         return self.cp.api
 
-    def register(self, node: Node, with_cidr: bool = True) -> None:
-        """The Node object (podCIDRs unless ``with_cidr`` is False, InternalIPs) and the agent's kubeconfig with a
-        service-account token bound to that Node."""
-        cidrs = [node.pod4, node.pod6] if with_cidr else []
+    def register(self, node: Node, with_cidr: bool = True, cidrs: list[str] | None = None) -> None:
+        """The Node object (its podCIDRs, or ``cidrs``, unless ``with_cidr`` is False; InternalIPs) and the agent's
+        kubeconfig with a service-account token bound to that Node."""
+        if cidrs is None:
+            cidrs = [node.pod4, node.pod6] if with_cidr else []
         self.api.node(node.name, cidrs, [node.ip4, node.ip6])
         uid = self.api.ok("GET", f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
         bound = {"kind": "Node", "apiVersion": "v1", "name": node.name, "uid": uid}
@@ -251,6 +252,10 @@ class Lab:
             "users": [{"name": node.name, "user": {"token": token}}],
             "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": node.name}}],
         }))  # fmt: skip
+
+    def pod_netns(self, role: str) -> Netns:
+        """A network namespace for a pod (removed with the lab)."""
+        return self._ns(role)
 
     def add_pod(self, node: Node) -> Pod:
         ns = self._ns(f"pod{len(self.pods)}")
@@ -274,8 +279,9 @@ class Lab:
 
 
 def _rbac_objects() -> Iterator[dict[str, Any]]:
-    """The Namespace, and the cluster network's RBAC and admission policy from daemonset/ (the real manifests)."""
+    """The Namespace, and the cluster network's and Events' RBAC and admission policies from daemonset/ (the real
+    manifests)."""
     yield from (d for d in yaml.safe_load_all((REPO / "daemonset/namespace.yaml").read_text()) if d)
     for doc in yaml.safe_load_all((REPO / "daemonset/rbac.yaml").read_text()):
-        if doc and doc["metadata"]["name"].startswith("nodeplug-network"):
+        if doc and doc["metadata"]["name"].startswith(("nodeplug-network", "nodeplug-events")):
             yield doc

@@ -150,6 +150,8 @@ def test_namespaced_objects_are_in_the_namespace_and_cluster_objects_are_not(obj
     for obj in objs:
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in obj["metadata"], object_key(obj)
+        elif obj["metadata"]["name"] == "nodeplug-network-apiserver":  # reads default/kubernetes' endpoints, there
+            assert obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["namespace"] == "default"
         else:
             assert obj["metadata"].get("namespace") == ns, object_key(obj)
 
@@ -192,8 +194,14 @@ def test_rbac_binds_the_pods_service_account_without_wildcards_or_secrets(
     }
     assert needed <= granted, needed - granted
     assert not {g for g in granted if g[1] in ("nodes", "nodes/status") and g[2] in ("update", "delete", "create")}
-    # Not needed: no attacher; leader election for the resizer only, in the driver's namespace only.
-    assert not {g for g in granted if g[1] in ("volumeattachments", "endpoints")}
+    # Not needed: no attacher; leader election for the resizer only, in the driver's namespace only. Endpoints: only
+    # the kubernetes Service's, in default, read (where the API server is: never routed to a pod network).
+    assert not {g for g in granted if g[1] == "volumeattachments"}
+    endpoints = [(k, r["metadata"].get("namespace"), rule) for k, r in roles.items() for rule in r["rules"]
+                 if "endpoints" in rule["resources"]]  # fmt: skip
+    assert endpoints == [(("Role", "nodeplug-network-apiserver"), "default",
+                          {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": ["kubernetes"],
+                           "verbs": ["get"]})]  # fmt: skip
     leases = [(k, r) for k, r in roles.items() for rule in r["rules"] if "leases" in rule["resources"]]
     assert [(k, r["metadata"]["namespace"]) for k, r in leases] == [(("Role", "nodeplug-external-resizer-leader"), ns)]
     capacity = roles[("Role", "nodeplug-external-provisioner-capacity")]

@@ -21,9 +21,11 @@ from cni.cluster import kernel, masq, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
+from cni.dataplane.bridge import ensure_bridge
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import Rtnl
 from cni.install import network
+from cni.netconf import BridgeConf
 from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
@@ -108,7 +110,7 @@ def auto_mode_state() -> State:
 def test_entries_are_written_read_back_and_only_ours_are_changed(node: str) -> None:
     sh("ip", "-n", node, "route", "add", "10.244.9.0/24", "via", "192.168.50.9", "proto", "static")
 
-    def work(nl: Rtnl) -> tuple[kernel.Owned, list[str], kernel.Owned, list[str], kernel.Owned]:
+    def work(nl: Rtnl) -> tuple[kernel.Owned, kernel.Applied, kernel.Owned, kernel.Applied, kernel.Owned]:
         vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
         want = auto_mode_state()
         want.routes[net("10.244.9.0/24")] = RouteSpec(net("10.244.9.0/24"), ip("192.168.50.99"), False)  # not ours
@@ -128,14 +130,17 @@ def test_entries_are_written_read_back_and_only_ours_are_changed(node: str) -> N
         return back, problems, kernel.read_owned(nl, PROTO, vx.ifindex), problems2, back
 
     back, problems, after, problems2, _ = inside(node, work)
-    assert problems == ["route to 10.244.9.0/24: a route nodeplug does not own exists for it; left alone"]
+    assert problems.failed == [
+        (net("10.244.9.0/24"), "route to 10.244.9.0/24: a route nodeplug does not own exists for it; left alone")
+    ]
+    assert problems.done == 7  # 4 routes, 1 FDB and 2 neighbour entries; the refused route is not counted
     assert set(back.state.routes) == {net("10.244.2.0/24"), net("fd44:0:0:2::/64"), net("10.244.4.0/24"),
                                       net("fd44:0:0:4::/64")}  # fmt: skip
     assert back.state.routes[net("10.244.4.0/24")].vxlan and not back.state.routes[net("10.244.2.0/24")].vxlan
     assert back.state.fdb == {"02:00:00:00:00:04": ip("192.168.60.4")}
     assert back.state.neigh == {ip("10.244.4.0"): "02:00:00:00:00:04", ip("fd44:0:0:4::"): "02:00:00:00:00:04"}
     assert net("10.244.9.0/24") in back.foreign
-    assert problems2 == []
+    assert problems2.failed == [] and problems2.done == 5
     assert set(after.state.routes) == {net("10.244.2.0/24"), net("fd44:0:0:2::/64")}
     assert after.state.fdb == {} and after.state.neigh == {}
     assert "10.244.9.0/24 via 192.168.50.9" in sh("ip", "-n", node, "route", "show", "proto", "static")
@@ -148,6 +153,70 @@ def test_connected_subnets_leave_out_pod_networks_loopback_and_link_local(node: 
     assert set(got) == {net("192.168.50.0/24"), net("fd50::/64")}
 
 
+def test_a_route_moving_from_the_underlay_to_vxlan_and_back_lands_in_both_families(node: str) -> None:
+    """The kernel refuses to *replace* an IPv6 route via the underlay with an on-link one on the VXLAN device whose
+    next hop lies in the route's own prefix: the change falls back to delete + add, and lands, both ways."""
+
+    def work(nl: Rtnl) -> list[tuple[kernel.Applied, kernel.Owned]]:
+        vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
+        direct = State(
+            {
+                net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("192.168.50.2"), False),
+                net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False),
+            },
+            {},
+            {},
+        )
+        vxlan = State(
+            {
+                net("10.244.2.0/24"): RouteSpec(net("10.244.2.0/24"), ip("10.244.2.0"), True),
+                net("fd44:0:0:2::/64"): RouteSpec(net("fd44:0:0:2::/64"), ip("fd44:0:0:2::"), True),
+            },
+            {"02:00:00:00:00:02": ip("192.168.50.2")},
+            {ip("10.244.2.0"): "02:00:00:00:00:02", ip("fd44:0:0:2::"): "02:00:00:00:00:02"},
+        )
+        have, seen = State.empty(), []
+        for want in (direct, vxlan, direct):
+            applied = kernel.apply(nl, changes(want, have), have, PROTO, vx.ifindex)
+            seen.append((applied, kernel.read_owned(nl, PROTO, vx.ifindex)))
+        return seen
+
+    for (applied, owned), vx_way in zip(inside(node, work), (False, True, False), strict=True):
+        assert applied.failed == []
+        assert {r.vxlan for r in owned.state.routes.values()} == {vx_way}
+        assert set(owned.state.routes) == {net("10.244.2.0/24"), net("fd44:0:0:2::/64")}
+
+
+def test_a_refused_route_is_reported_and_the_peer_keeps_its_old_path(node: str) -> None:
+    """A new path the kernel refuses even after the old route is gone (a gateway on no link) is counted as failed,
+    and the old route is put back."""
+
+    def work(nl: Rtnl) -> tuple[kernel.Applied, kernel.Owned]:
+        old = RouteSpec(net("fd44:0:0:2::/64"), ip("fd50::2"), False)
+        have = State.empty()
+        kernel.apply(nl, changes(State({old.dst: old}, {}, {}), have), have, PROTO, None)
+        unreachable = RouteSpec(old.dst, ip("fd99::9"), False)
+        applied = kernel.apply(nl, changes(State({old.dst: unreachable}, {}, {}), have), have, PROTO, None)
+        return applied, kernel.read_owned(nl, PROTO, None)
+
+    applied, owned = inside(node, work)
+    assert applied.done == 0 and len(applied.failed) == 1
+    dst, why = applied.failed[0]
+    assert dst == net("fd44:0:0:2::/64") and "keeps its old route via fd50::2" in why
+    assert owned.state.routes[net("fd44:0:0:2::/64")].gateway == ip("fd50::2")
+
+
+def test_the_path_to_an_address_names_the_route_and_its_owner(node: str) -> None:
+    sh("ip", "-n", node, "route", "add", "default", "via", "192.168.50.254")
+    sh("ip", "-n", node, "route", "add", "10.9.0.0/16", "via", "192.168.50.7", "proto", str(PROTO))
+    gateways = inside(node, kernel.default_gateways)
+    ours = inside(node, lambda nl: kernel.path_to(nl, ip("10.9.1.1")))
+    out = inside(node, lambda nl: kernel.path_to(nl, ip("8.8.8.8")))
+    assert gateways == [ip("192.168.50.254")]
+    assert ours == kernel.RoutePath(net("10.9.0.0/16"), PROTO, ip("192.168.50.7"))
+    assert out is not None and out.dst == net("0.0.0.0/0") and out.protocol != PROTO
+
+
 # ---------------------------------------------------------------- uninstall: the removal
 
 
@@ -156,7 +225,7 @@ def agent_state(nl: Rtnl) -> None:
     masquerade table."""
     vx = kernel.ensure_vxlan(nl, "n1", 7, 4789, ip("192.168.50.1"), kernel.underlay_of(nl, ip("192.168.50.1")))
     want = auto_mode_state()
-    assert kernel.apply(nl, changes(want, State.empty()), State.empty(), PROTO, vx.ifindex) == []
+    assert kernel.apply(nl, changes(want, State.empty()), State.empty(), PROTO, vx.ifindex).failed == []
     masq.install([net("10.244.1.0/24"), net("fd44:0:0:1::/64")], [net("10.244.0.0/16"), net("fd44::/48")])
 
 
@@ -221,11 +290,11 @@ def test_removal_leaves_a_same_named_device_and_a_file_that_are_not_the_agents(n
     assert sh("ip", "-n", node, "link", "show", kernel.VXLAN_DEVICE)
 
 
-def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent_recorded(
+def test_install_cni_uninstall_with_no_agent_running_removes_what_the_agent_config_names(
     node: str, tmp_path: Path
 ) -> None:
-    """The agent's record (its netns, a route protocol other than the default, its subnets file) is what
-    ``install-cni --uninstall`` removes by, in the node's netns; the request stays until the next install."""
+    """With no agent running, ``install-cni --uninstall`` removes the routes of the config's protocol (here not the
+    default) and its subnets file, in the netns the last agent recorded; the request stays until the next install."""
     root = Root(tmp_path)
     subnets = root("/var/lib/nodeplug/cluster/subnets.json")
     write_subnets(subnets)
@@ -241,7 +310,7 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
 
     inside(node, last_agent)
     said: list[str] = []
-    inside(node, lambda nl: network.remove_cluster_network(root, said.append, timeout=5))
+    inside(node, lambda nl: network.remove_cluster_network(root, said.append, 5, 112))
     assert "removed 1 route(s) of protocol 112: 10.244.5.0/24" in said[0], said
     assert f"removed {subnets}" in said and not subnets.exists()
     assert owned_left(node)["vxlan"] == "" and owned_left(node)["tables"] == []
@@ -250,6 +319,64 @@ def test_install_cni_uninstall_with_no_agent_running_removes_what_the_last_agent
     assert uninstall.requested(root(uninstall.MARKER)) and not root(uninstall.LOCK).exists()
     # in another netns (here: the test's own), the same root's uninstall leaves the kernel alone
     assert network.on_this_node(root) is False  # no record left: a temporary root is nobody's node
+
+
+@pytest.mark.parametrize("recorded", [16, 186, 113])
+def test_a_lock_record_naming_another_protocol_or_subnets_file_is_not_obeyed(
+    node: str, tmp_path: Path, recorded: int
+) -> None:
+    """A record (or a hand-edited one) saying the DHCP, BGP or any other protocol than the config's, and a subnets
+    file elsewhere, removes nothing of theirs: the node's default route, the BGP route and that file stay."""
+    root = Root(tmp_path)
+    elsewhere = tmp_path / "precious" / "subnets.json"
+    write_subnets(elsewhere)
+    sh("ip", "-n", node, "route", "add", "default", "via", "192.168.50.254", "proto", "dhcp")
+    sh("ip", "-n", node, "route", "add", "10.99.0.0/16", "via", "192.168.50.9", "proto", str(recorded))
+    sh("ip", "-n", node, "route", "add", "10.244.5.0/24", "via", "192.168.50.5", "proto", str(PROTO))
+
+    def last_agent(nl: Rtnl) -> None:
+        lock = uninstall.Lock(root(uninstall.LOCK))
+        assert lock.try_acquire()
+        record = uninstall.Record("n1", uninstall.this_netns(), PROTO, str(elsewhere), 1).dumps()
+        os.write(lock.fd or -1, record.replace(b'"routeProtocol": 110', f'"routeProtocol": {recorded}'.encode()))
+        lock.release()
+
+    inside(node, last_agent)
+    said: list[str] = []
+    inside(node, lambda nl: network.remove_cluster_network(root, said.append, 5, PROTO))
+    assert "default via 192.168.50.254" in sh("ip", "-n", node, "route", "show", "proto", "dhcp")
+    assert "10.99.0.0/16" in sh("ip", "-n", node, "route", "show", "proto", str(recorded))
+    assert elsewhere.exists()
+    if recorded == 113:  # a record that differs from the config: said so, and the config's are removed
+        assert any("not obeyed" in line for line in said), said
+        assert f"removed 1 route(s) of protocol {PROTO}: 10.244.5.0/24" in " ".join(said), said
+    else:  # a reserved protocol makes it no record at all: a temporary root with none is nobody's node
+        assert said == ["left the cluster network alone here: the agent of this root ran in another network "
+                        "namespace; run the uninstall there"]  # fmt: skip
+
+
+def test_the_uninstall_removes_only_a_pod_bridge_nodeplug_created(node: str) -> None:
+    """The conflist names two bridges: the one a nodeplug ADD created goes with the uninstall, the one somebody else
+    made under a name the conflist also names stays, though it has no port either."""
+
+    def made_by_nodeplug(nl: Rtnl) -> None:
+        ensure_bridge(nl, BridgeConf(name="net", cni_version="1.0.0", bridge="npbr-ours"), [])
+
+    inside(node, made_by_nodeplug)
+    sh("ip", "-n", node, "link", "add", "npbr-theirs", "type", "bridge")
+    conf = {"plugins": [{"type": "nodeplug", "bridge": "npbr-ours"}, {"type": "nodeplug", "bridge": "npbr-theirs"}]}
+    said: list[str] = []
+    inside(node, lambda nl: network.remove_unused(conf, "nodeplug0", said.append))
+    names = {link["ifname"] for link in json.loads(sh("ip", "-n", node, "-j", "link", "show"))}
+    assert "npbr-ours" not in names and "npbr-theirs" in names, said
+    assert "removed bridge npbr-ours" in said and any(
+        "npbr-theirs in place: nodeplug did not create it" in s for s in said
+    )
+
+
+def test_the_uninstall_refuses_a_reserved_route_protocol(tmp_path: Path) -> None:
+    with pytest.raises(network.NetworkError, match="one the kernel or a routing daemon uses"):
+        network.remove_cluster_network(Root(tmp_path), print, 1, 16)
 
 
 # ---------------------------------------------------------------- a pass of the agent, with a hostile Node

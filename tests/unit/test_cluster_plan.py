@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Node
 
-from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, NodeInfo, Vtep, parse_mac, parse_node
-from cni.cluster.plan import Local, RouteSpec, State, changes, desired
+from cni.cluster.model import VTEP_ADDRESS, VTEP_MAC, NodeInfo, Vtep, parse_mac, parse_node, slim_node
+from cni.cluster.plan import NEVER_POD_SPACE, Local, RouteSpec, State, changes, desired, trespasses
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
 
 net = ipaddress.ip_network
@@ -115,6 +116,29 @@ def test_parse_node_never_raises_and_keeps_its_promises(obj: dict[str, Any]) -> 
     assert len(info.problems) <= 8
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["metadata", "spec", "status", "kind"]), json_values, max_size=4))
+def test_a_slim_node_parses_as_the_whole_one(obj: dict[str, Any]) -> None:
+    """The list+watch keeps only :func:`slim_node` of each Node: nothing the network reads may be lost."""
+    slim = slim_node(obj)
+    assert slim_node(slim) == slim
+    try:
+        whole = parse_node(as_node(obj))
+    except msgspec.ValidationError:  # refused whole; the slim one may still be a Node (what it dropped was bad)
+        return
+    assert parse_node(as_node(slim)) == whole
+
+
+def test_a_slim_node_drops_what_the_network_never_reads() -> None:
+    obj = node_obj("a", ["10.244.1.0/24"], ["10.0.0.1"], {VTEP_MAC: "02:00:00:00:00:01", "other/note": "x" * 1000})
+    obj["status"]["images"] = [{"names": ["registry/image:tag"] * 5, "sizeBytes": 1}] * 50
+    obj["metadata"]["managedFields"] = [{"manager": "kubelet"}] * 20
+    slim = slim_node(obj)
+    assert "images" not in slim["status"] and "managedFields" not in slim["metadata"]
+    assert slim["metadata"]["annotations"] == {VTEP_MAC: "02:00:00:00:00:01"}
+    assert len(json.dumps(slim)) < len(json.dumps(obj)) / 10
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -174,16 +198,117 @@ def test_conflicts_are_settled_by_name_whatever_the_order() -> None:
 
 def test_a_podcidr_in_the_underlay_or_outside_the_cluster_cidrs_gets_no_route() -> None:
     lan_half = peer("h", 9, "192.168.78.9")._replace(pod_cidrs=(net("192.168.77.128/25"),))
-    wide = peer("w", 8, "192.168.77.8")._replace(pod_cidrs=(net("172.16.0.0/12"), net("fd44:0:0:8::/64")))
+    wide = peer("w", 8, "192.168.77.8")._replace(pod_cidrs=(net("172.16.0.0/16"), net("fd44:0:0:8::/64")))
     for mode in ("direct", "vxlan", "auto"):
         want = desired(ME, [lan_half, peer("n2", 2, "192.168.77.2", "fd77::2")], mode)
         assert "overlaps 192.168.77.0/24, a subnet this node is connected to" in want.unrouted[("h", 4)]
         assert net("192.168.77.128/25") not in want.state.routes and ("n2", 4) in want.paths
     fenced = ME._replace(cluster=(net("10.244.0.0/16"), net("fd44::/48")))
     want = desired(fenced, [wide], "auto")
-    assert "outside cni.cluster.cluster_cidrs" in want.unrouted[("w", 4)]
+    assert "outside cluster_network.cluster_cidrs" in want.unrouted[("w", 4)]
     assert want.paths == {("w", 6): "vxlan"} and list(want.state.routes) == [net("fd44:0:0:8::/64")]
     assert desired(ME, [wide], "auto").paths[("w", 4)] == "direct"  # no cluster CIDRs configured: not fenced
+
+
+# The routed node of the lab: behind a router, reaching the API server (on another subnet) through its gateway.
+FAR = Local(
+    "far",
+    (net("10.244.4.0/24"), net("fd44:0:0:4::/64")),
+    (net("192.168.78.0/24"), net("fd78::/64")),
+    Vtep("02:00:00:00:00:04", ip("192.168.78.4")),
+    lifelines=(ip("192.168.77.250"), ip("192.168.78.254"), ip("fd78::254"), ip("192.168.78.4"), ip("fd78::4")),
+)
+
+
+@pytest.mark.parametrize(
+    ("cidr", "why"),
+    [
+        ("192.168.77.0/24", "holds 192.168.77.250, an address this node depends on"),  # the API server's subnet
+        ("192.168.77.248/30", "holds 192.168.77.250"),
+        ("172.16.0.0/12", "broader than /16"),
+        ("128.0.0.0/1", "never a pod network"),
+        ("64.0.0.0/2", "never a pod network"),
+        ("255.255.255.0/24", "overlaps 240.0.0.0/4, which is never a pod network"),
+        ("127.0.0.0/24", "never a pod network"),
+        ("169.254.0.0/24", "never a pod network"),
+        ("::ffff:0:0/96", "overlaps ::ffff:0:0/96"),
+        ("fe80::/64", "never a pod network"),
+        ("192.168.78.0/25", "a subnet this node is connected to"),
+    ],
+)
+def test_a_podcidr_that_would_take_a_lifeline_is_refused_as_a_peers_and_as_this_nodes(cidr: str, why: str) -> None:
+    bad = NodeInfo("evil", (net(cidr),), (ip("192.168.78.9"),), Vtep("02:00:00:00:00:99", ip("192.168.78.9")))
+    for mode in ("direct", "vxlan", "auto"):
+        want = desired(FAR, [bad, peer("n2", 2, "192.168.78.2")], mode)
+        assert why in want.unrouted[("evil", net(cidr).version)]
+        assert net(cidr) not in want.state.routes and ("n2", 4) in want.paths
+    own = desired(FAR._replace(pod_cidrs=(net(cidr), net("fd44:0:0:4::/64"))), [], "auto")
+    assert own.own == (net("fd44:0:0:4::/64"),)
+    assert len(own.own_refused) == 1 and own.own_refused[0][0] == net(cidr) and why in own.own_refused[0][1]
+
+
+def test_a_peer_claiming_this_nodes_address_gets_no_route_or_fdb_entry() -> None:
+    twin = NodeInfo(
+        "twin", (net("10.244.9.0/24"),), (ip("192.168.78.4"),), Vtep("02:00:00:00:00:09", ip("192.168.78.4"))
+    )
+    for mode in ("direct", "vxlan", "auto"):
+        want = desired(FAR, [twin], mode)
+        assert want.state.routes == {} and want.state.fdb == {}, mode
+    assert "an address this node depends on" in desired(FAR, [twin], "auto").unrouted[("twin", 4)]
+
+
+def test_with_cluster_cidrs_a_broad_podcidr_inside_them_is_accepted() -> None:
+    wide = NodeInfo("w", (net("10.128.0.0/12"),), (ip("192.168.78.8"),), Vtep("02:00:00:00:00:08", ip("192.168.78.8")))
+    assert "broader than /16" in desired(FAR, [wide], "auto").unrouted[("w", 4)]
+    assert desired(FAR._replace(cluster=(net("10.0.0.0/8"),)), [wide], "auto").paths == {("w", 4): "direct"}
+
+
+addresses = st.one_of(
+    st.builds(lambda n: str(ipaddress.IPv4Address(n)), st.integers(0, 2**32 - 1)),
+    st.sampled_from(["192.168.77.250", "192.168.78.254", "192.168.78.4", "10.244.4.1", "fd78::254", "::1"]),
+)
+cidrs = st.one_of(
+    st.builds(lambda a, p: str(ipaddress.ip_network(f"{a}/{p}", strict=False)), addresses, st.integers(0, 30)),
+    st.sampled_from(["192.168.77.0/24", "192.168.78.0/24", "0.0.0.0/0", "fd78::/64", "::/0", "fd44::/48"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(cidrs, max_size=3), st.lists(addresses, max_size=2), st.booleans()), min_size=1, max_size=6
+    ),
+    st.lists(cidrs, max_size=2),
+    st.sampled_from(["direct", "vxlan", "auto"]),
+    st.lists(st.sampled_from(["10.0.0.0/8", "192.168.0.0/16", "fd44::/48"]), max_size=2, unique=True),
+)
+def test_no_plan_ever_routes_an_address_the_node_depends_on(
+    peers: list[tuple[list[str], list[str], bool]], own: list[str], mode: str, cluster: list[str]
+) -> None:
+    """Whatever the Nodes say: no route (and no own pod network) covers a lifeline, a connected subnet or space that
+    is never a pod network, and none reaches outside the cluster CIDRs or past the broadness limit."""
+    nodes = []
+    for i, (pc, ips, with_vtep) in enumerate(peers):
+        notes = {VTEP_MAC: f"02:00:00:00:01:{i:02x}", VTEP_ADDRESS: ips[0]} if with_vtep and ips else {}
+        info = parse_node(as_node(node_obj(f"p{i}", pc, ips, notes)))
+        assert info is not None
+        nodes.append(info)
+    me = parse_node(as_node(node_obj("far", own, ["192.168.78.4"])))
+    assert me is not None
+    local = FAR._replace(pod_cidrs=me.pod_cidrs, cluster=tuple(net(c) for c in cluster))
+    want = desired(local, [me, *nodes], mode)  # type: ignore[arg-type]
+    taken = [*want.state.routes, *want.own]
+    for c in taken:
+        assert not any(a in c for a in local.lifelines), c
+        assert not any(c.overlaps(x) for x in (*local.connected, *NEVER_POD_SPACE) if x.version == c.version), c
+        if local.cluster:
+            assert any(c.version == x.version and c.subnet_of(x) for x in local.cluster), c  # type: ignore[arg-type]
+        else:
+            assert c.prefixlen >= (16 if c.version == 4 else 48), c
+    for a, b in itertools.combinations(taken, 2):
+        assert a.version != b.version or not a.overlaps(b), (a, b)  # type: ignore[arg-type]
+    assert not any(r.gateway in local.lifelines for r in want.state.routes.values())
+    assert not any(u in local.lifelines for u in want.state.fdb.values())
 
 
 def test_changes_touch_only_what_differs() -> None:
@@ -245,13 +370,16 @@ def test_a_podcidr_overlapping_one_given_out_is_refused_naming_its_owner(
     """Against the pairwise brute force: this node's networks are given out first, then each peer's in name order;
     a peer whose podCIDR overlaps one given out is not routed, naming an owner, and every other one is routed
     (the plan finds overlaps by bisection, so thousands of nodes stay linear)."""
-    local = ME._replace(pod_cidrs=(net("10.244.1.0/24"),), connected=(LAN,), vtep=None)
+    local = ME._replace(pod_cidrs=(net("10.244.1.0/24"),), connected=(LAN,), vtep=None, cluster=(net("0.0.0.0/0"),))
     peers = [NodeInfo(f"p{i:03d}", (c,), (ip(f"192.168.77.{10 + i}"),)) for i, c in enumerate(candidates)]
     want = desired(local, peers, "direct")
     kept: list[tuple[ipaddress.IPv4Network, str]] = [(net("10.244.1.0/24"), "n1")]
     for p in peers:
         (cidr,) = p.pod_cidrs
         owners = [who for k, who in kept if k.overlaps(cidr)]
+        if not owners and trespasses(local, cidr):  # never a pod network here at all: refused for that
+            assert want.unrouted[(p.name, 4)] == trespasses(local, cidr)
+            continue
         if not owners:
             kept.append((cidr, p.name))  # type: ignore[arg-type]
             assert want.paths[(p.name, 4)] == "direct" and (p.name, 4) not in want.unrouted

@@ -141,6 +141,7 @@ def test_an_accepted_id_is_a_safe_file_name(value: str) -> None:
 @example("99999999999999999999Ti")
 @example("1" * 5000)  # more digits than int() converts
 @example("\u0661Mi")  # a digit, but not an ASCII one
+@example("0\xa0")  # a blank, but not an ASCII one
 def test_a_size_is_a_number_of_bytes_or_refused(text: str) -> None:
     try:
         n = parse_size(text)

@@ -148,10 +148,23 @@ async def test_restart_then_unprepare_cleans_up(env: Any) -> None:
     p.store.close()
     p2 = env.preparer()  # a new agent on the same database
     assert p2.held() == {"fuse": {"fuse": "prepared for DRA claim ns/c1"}}
-    await p2.unprepare(UID1)
+    await p2.unprepare(ClaimRef("ns", "c1", UID1))
     assert list(env.cdi.iterdir()) == []
     assert p2.held() == {} and p2.store.all() == []
-    await p2.unprepare(UID1)  # again: nothing to do, no error
+    await p2.unprepare(ClaimRef("ns", "c1", UID1))  # again: nothing to do, no error
+
+
+async def test_unprepare_naming_another_claim_with_the_uid_removes_nothing(env: Any) -> None:
+    """NodeUnprepareResources checks namespace and name as prepare does: a request with a prepared claim's UID but
+    another claim's name leaves its CDI spec, its record and its devices' hold alone."""
+    p = env.preparer()
+    env.source.add("ns", "c1", UID1, ["fuse-fuse"])
+    await p.prepare(ClaimRef("ns", "c1", UID1))
+    for other in (ClaimRef("ns", "other", UID1), ClaimRef("elsewhere", "c1", UID1)):
+        with pytest.raises(PrepareError, match="was prepared as ns/c1"):
+            await p.unprepare(other)
+    assert [r.uid for r in p.store.all()] == [UID1] and list(env.cdi.iterdir())
+    assert p.held() == {"fuse": {"fuse": "prepared for DRA claim ns/c1"}}
 
 
 async def test_a_preparation_killed_half_way_is_finished_by_either_side(env: Any) -> None:
@@ -167,7 +180,7 @@ async def test_a_preparation_killed_half_way_is_finished_by_either_side(env: Any
     assert got[0].device == "fuse-fuse" and p2.store.get(UID1).state == "prepared"
     with sqlite3.connect(env.db) as c:
         c.execute("UPDATE claims SET state = 'preparing'")
-    await p2.unprepare(UID1)
+    await p2.unprepare(ClaimRef("ns", "c1", UID1))
     assert list(env.cdi.iterdir()) == [] and p2.store.all() == []
 
 
@@ -179,7 +192,7 @@ async def test_one_device_one_claim(env: Any) -> None:
     with pytest.raises(PrepareError, match="already prepared for claim ns/c1"):
         await p.prepare(ClaimRef("ns", "c2", UID2))
     assert p.store.get(UID2) is None
-    await p.unprepare(UID1)
+    await p.unprepare(ClaimRef("ns", "c1", UID1))
     await p.prepare(ClaimRef("ns", "c2", UID2))
 
 
@@ -237,7 +250,7 @@ async def test_one_claim_is_never_prepared_twice_at_once(env: Any) -> None:
     env.source.add("ns", "c1", UID1, ["ser-ttyx0"])
     first = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
     await env.devices.reset_started.wait()
-    undo = asyncio.create_task(p.unprepare(UID1))
+    undo = asyncio.create_task(p.unprepare(ClaimRef("ns", "c1", UID1)))
     waiting = asyncio.create_task(p.prepare(ClaimRef("ns", "c1", UID1)))
     await asyncio.sleep(0.05)
     env.devices.permits.release()

@@ -97,9 +97,19 @@ def typed(name: str, rv: str) -> Node:
 
 
 def test_diff_reports_deletions_additions_and_changes() -> None:
-    old = {"a": typed("a", "1"), "b": typed("b", "2"), "c": typed("c", "3")}
+    old = {"a": "1", "b": "2", "c": "3", "ns/e": "4"}
     new = {"b": typed("b", "2"), "c": typed("c", "9"), "d": typed("d", "10")}
-    assert [(e.type, e.key) for e in diff(old, new)] == [("DELETED", "a"), ("MODIFIED", "c"), ("ADDED", "d")]
+    versions = {k: o.metadata.resourceVersion or "" for k, o in new.items() if o.metadata is not None}
+    events = diff(old, versions, new, {})
+    assert [(e.type, e.key) for e in events] == [
+        ("DELETED", "a"),
+        ("DELETED", "ns/e"),
+        ("MODIFIED", "c"),
+        ("ADDED", "d"),
+    ]
+    # a deletion carries the object's last state when it was kept, else nothing (its key names it)
+    assert events[1].obj is None
+    assert diff(old, versions, new, {"a": typed("a", "1")})[0].obj == typed("a", "1")
 
 
 def test_backoff_grows_to_its_cap_with_jitter() -> None:

@@ -1,0 +1,83 @@
+"""The few fields of route and neighbour dump answers the cluster network reads, straight from the bytes.
+
+A full pass reads back every route of the agent's protocol and every FDB and neighbour entry on its VXLAN device:
+thousands with thousands of Nodes. pyroute2's decoded messages cost kilobytes each and hold reference cycles that
+outlive the pass until the garbage collector runs (28 MB for 5,000 routes, seen); these are a few small tuples.
+Malformed answers (a length past the end) end the attribute walk; nothing here raises on the kernel's bytes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from typing import NamedTuple
+
+from cni.cluster.model import IPAddress
+
+_NLMSGHDR = 16
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_NDMSG = struct.Struct("=BBHiHBB")  # family, pad, pad, ifindex, state, flags, type
+_RTA = struct.Struct("=HH")  # length, type
+_U32 = struct.Struct("=I")
+
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
+NDA_DST, NDA_LLADDR = 1, 2
+
+
+def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    while offset + _RTA.size <= len(data):
+        length, kind = _RTA.unpack_from(data, offset)
+        if length < _RTA.size or offset + length > len(data):
+            break
+        out[kind & 0x3FFF] = data[offset + _RTA.size : offset + length]  # without the nested/byte-order flags
+        offset += (length + 3) & ~3
+    return out
+
+
+def _address(raw: bytes | None) -> IPAddress | None:
+    if raw is None or len(raw) not in (4, 16):
+        return None
+    return ipaddress.ip_address(raw)
+
+
+class Route(NamedTuple):
+    family: int
+    dst_len: int
+    table: int
+    protocol: int
+    type: int
+    dst: IPAddress | None
+    gateway: IPAddress | None
+    oif: int | None
+
+
+def route(data: bytes) -> Route | None:
+    """A route dump answer (netlink header included); None when too short to be one."""
+    if len(data) < _NLMSGHDR + _RTMSG.size:
+        return None
+    family, dst_len, _, _, table, protocol, _, rtype, _ = _RTMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + _RTMSG.size)
+    if RTA_TABLE in a and len(a[RTA_TABLE]) == 4:
+        table = _U32.unpack(a[RTA_TABLE])[0]
+    oif = _U32.unpack(a[RTA_OIF])[0] if len(a.get(RTA_OIF, b"")) == 4 else None
+    return Route(family, dst_len, table, protocol, rtype, _address(a.get(RTA_DST)), _address(a.get(RTA_GATEWAY)), oif)
+
+
+class Neighbour(NamedTuple):
+    family: int
+    ifindex: int
+    state: int
+    dst: IPAddress | None
+    lladdr: str | None  # colon-separated, lower case
+
+
+def neighbour(data: bytes) -> Neighbour | None:
+    """A neighbour (or FDB) dump answer (netlink header included); None when too short to be one."""
+    if len(data) < _NLMSGHDR + _NDMSG.size:
+        return None
+    family, _, _, ifindex, state, _, _ = _NDMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + _NDMSG.size)
+    mac = a.get(NDA_LLADDR)
+    lladdr = ":".join(f"{b:02x}" for b in mac) if mac is not None and len(mac) == 6 else None
+    return Neighbour(family, ifindex, state, _address(a.get(NDA_DST)), lladdr)
