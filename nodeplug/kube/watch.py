@@ -274,6 +274,8 @@ class ListWatch(Generic[R]):
         if kind == "DELETED" or obj is None:  # gone, or no longer of a shape the agent can use
             before = self.cache.pop(key, None)
             known = self.versions.pop(key, None) is not None
+            if kind == "DELETED":
+                self._refused.pop(key, None)
             if kind == "DELETED" or known:
                 return Event("DELETED", key, obj or before)
             return None
