@@ -135,9 +135,10 @@ class State:
         return [str(x) for x in v] if isinstance(v, list) else []
 
 
-def take_lock(cluster_dir: Path) -> int:
-    """Take the machine-wide cluster lock and return its file descriptor. While another cluster holds it, wait up to
-    NODEPLUG_CLUSTER_LOCK_WAIT seconds (default 0), then fail naming the holder."""
+def take_lock(cluster_dir: Path) -> tuple[int, str]:
+    """Take the machine-wide cluster lock; return its file descriptor and what the lock named before (the DIR of the
+    last cluster that held it, or ""). While another cluster holds it, wait up to NODEPLUG_CLUSTER_LOCK_WAIT seconds
+    (default 0), then fail naming the holder."""
     LOCK.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     deadline = time.monotonic() + float(os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "0"))
@@ -159,9 +160,16 @@ def take_lock(cluster_dir: Path) -> int:
             f"a local cluster is already running on this machine ({holder}); only one kubelet can run per machine: "
             "stop it with scripts/cluster-down DIR first"
         ) from None
+    before = os.pread(fd, 4096, 0).decode(errors="replace").strip()
     os.ftruncate(fd, 0)
     os.write(fd, f"{cluster_dir} (cluster-up pid {os.getpid()})\n".encode())
-    return fd
+    return fd, before
+
+
+def holder_dir(holder: str) -> Path | None:
+    """The DIR a lock line ``DIR (cluster-up pid N)`` names, if it is one."""
+    head, sep, _ = holder.rpartition(" (cluster-up pid ")
+    return Path(head) if sep and head.startswith("/") else None
 
 
 def lock_holder() -> str:

@@ -28,6 +28,7 @@ from cluster.common import (
     SERVICE_CIDR,
     ClusterError,
     State,
+    holder_dir,
     log,
     run,
     take_lock,
@@ -58,14 +59,26 @@ def preflight() -> None:
             raise ClusterError(f"{tool}: not installed (scripts/setup installs it)")
 
 
-def leftovers() -> None:
-    """A cluster not taken down leaves these (checked while holding the lock: another cluster's are not leftovers)."""
+def leftovers(before: str) -> None:
+    """A cluster not taken down leaves these (checked while holding the lock: another cluster's are not leftovers).
+
+    A cluster whose lock keeper is gone (its processes were killed, or the machine's session ended, without
+    cluster-down) is an orphan: nobody holds the lock for it. If the lock still names its DIR and that DIR has the
+    cluster's state, it is taken down first, as cluster-down would; anything else is refused."""
+    orphan = holder_dir(before)
+    if _left() and orphan is not None and (orphan / "state.json").is_file():
+        log(f"a cluster left at {orphan} without cluster-down (its lock was free): taking it down first")
+        down.teardown(orphan)
     if Path(f"/run/netns/{NETNS}").exists() or RUN.exists():
         raise ClusterError(
             f"/run/netns/{NETNS} or {RUN} exists: a cluster was not taken down (scripts/cluster-down DIR)"
         )
     if KUBELET_DIR.exists():
         raise ClusterError(f"{KUBELET_DIR} exists: another kubelet's or a cluster not taken down; remove it first")
+
+
+def _left() -> bool:
+    return Path(f"/run/netns/{NETNS}").exists() or RUN.exists() or KUBELET_DIR.exists()
 
 
 def record_host_paths(state: State) -> None:
@@ -161,8 +174,8 @@ def up(cluster_dir: Path) -> Path:
     log(f"unpacking binaries from {KUBE_ASSETS}")
     bins = assets.all_binaries()
     archives = images.all_images()
-    lock = take_lock(cluster_dir)
-    leftovers()
+    lock, before = take_lock(cluster_dir)
+    leftovers(before)
     cluster_dir.mkdir(parents=True, exist_ok=True)
     if (cluster_dir / "state.json").exists():
         raise ClusterError(f"{cluster_dir}/state.json exists: run scripts/cluster-down {cluster_dir} first")

@@ -10,6 +10,7 @@ volume from the restarted kubelet. What is seen of the agent is its ``/metrics``
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,11 @@ def container(cluster: Cluster, ns: str, pod: str) -> tuple[str, int]:
     return status["containerID"], status["restartCount"]
 
 
+def exec_ok(cluster: Cluster, ns: str, pod: str) -> bool:
+    argv = [cluster.kubectl_bin, f"--kubeconfig={cluster.kubeconfig}", "-n", ns, "exec", pod, "--", "true"]
+    return subprocess.run(argv, capture_output=True, timeout=60, check=False).returncode == 0
+
+
 def volume_pod(cluster: Cluster, name: str, claim: str) -> list[dict[str, Any]]:
     """A claim of the nodeplug-local StorageClass and a pod mounting it at /data."""
     pvc = {
@@ -79,6 +85,10 @@ def test_a_kubelet_restart_keeps_pods_and_devices_and_the_plugins_come_back(
         and sample(cluster, "nodeplug_deviceplugin_streams", resource="fuse") >= 1, 120)  # fmt: skip
     cluster.wait("CSI and DRA announced to the new kubelet",
                  lambda: all(n > was_announced[p] for p, n in announced(cluster).items()), 120)  # fmt: skip
+    # A restarted kubelet learns its pods from the API server again before it serves exec for them ("pod does not
+    # exist" until then): wait for that, which is kubelet's own start-up, not the plugins'.
+    cluster.wait("the restarted kubelet serving exec for its pods",
+                 lambda: all(exec_ok(cluster, ns, p) for p in before), 120)  # fmt: skip
     # the pods ran through it: the same containers, never restarted, with their devices
     assert {p: container(cluster, ns, p) for p in before} == before
     assert cluster.exec(ns, "keeps-fuse", "stat", "-c", "%t,%T", "/dev/fuse").strip() == "a,e5"
