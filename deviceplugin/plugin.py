@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deviceplugin import cdi
 from deviceplugin.config import Config, Resource
@@ -145,9 +145,7 @@ class DevicePlugin:
             True, f"{len(self.resources)} resources registered" + (f"; {dra_detail}" if dra_detail else "")
         )
 
-    async def reload(self, section: Any) -> None:
-        if not isinstance(section, Config):
-            raise TypeError(f"expected a deviceplugin Config, got {type(section).__name__}")
+    async def reload(self, section: Config) -> None:
         async with self._lock:
             old = self.section
             self.section = section

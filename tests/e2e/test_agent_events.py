@@ -1,4 +1,4 @@
-"""The agent's Kubernetes Events against a real kube-apiserver (tests/support/dralab.py: the agent on a temporary root
+"""The agent's Kubernetes Events against a real kube-apiserver (scripts/lab/dralab.py: the agent on a temporary root
 with a fake /dev, a token of its service account bound to its Node, the RBAC and admission policies of
 daemonset/): a device that goes and comes back is told on the Node, a claim that cannot be prepared on the
 ResourceClaim, a recurring one is one Event, and no agent can speak for another node."""

@@ -1,4 +1,4 @@
-"""The cluster network never cuts its node off, whatever the Node objects say (tests/support/clusterlab.py: five
+"""The cluster network never cuts its node off, whatever the Node objects say (scripts/lab/clusterlab.py: five
 namespace nodes and a real kube-apiserver + etcd).
 
 node-4 sits behind a router, so it reaches the API server (192.168.77.250, on the other segment) through its default

@@ -1,4 +1,4 @@
-"""The cluster pod network on several nodes against a real kube-apiserver + etcd (tests/support/clusterlab.py).
+"""The cluster pod network on several nodes against a real kube-apiserver + etcd (scripts/lab/clusterlab.py).
 
 Five nodes, each a network namespace with its own agent: node-1..3 on one L2 segment, node-4 behind a router on
 another subnet (so ``auto`` mode routes 1..3 among themselves directly and to and from node-4 over VXLAN), node-5 on
