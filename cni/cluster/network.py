@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Endpoints, Node
 from lightkube.types import PatchType
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -281,14 +281,14 @@ class ClusterNetwork:
                     for *_, addr in await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM):
                         found.append(ipaddress.ip_address(str(addr[0]).split("%")[0]))
             try:
-                endpoints = await self.kube.get_json("/api/v1/namespaces/default/endpoints/kubernetes")
+                endpoints: Endpoints | None = await self.kube.get(Endpoints, "kubernetes", namespace="default")
             except KubeError:  # not readable (RBAC) or the API away: what is known stays
-                endpoints = {}
-            for subset in endpoints.get("subsets") or ():
-                for a in (subset.get("addresses") or ()) if isinstance(subset, dict) else ():
-                    with contextlib.suppress(ValueError, TypeError, AttributeError):
-                        found.append(ipaddress.ip_address(a.get("ip")))
-            known = tuple(dict.fromkeys([*found, *(self.api_addresses if not endpoints else ())]))
+                endpoints = None
+            for subset in (endpoints.subsets if endpoints is not None else None) or ():
+                for a in subset.addresses or ():
+                    with contextlib.suppress(ValueError):
+                        found.append(ipaddress.ip_address(a.ip))
+            known = tuple(dict.fromkeys([*found, *(self.api_addresses if endpoints is None else ())]))
             if known and set(known) != set(self.api_addresses):
                 self.api_addresses = known
                 self.log.info("the API server's addresses, never routed to a pod network",
