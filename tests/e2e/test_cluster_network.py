@@ -385,6 +385,44 @@ def test_a_mode_change_rolled_node_by_node_lands_every_route_in_both_families(la
         wait_for("back to auto", lambda: all(on_path(n, "auto", lab) for n in lab.nodes[:4]), timeout=30)
 
 
+def failed_changes(node: Node) -> str:
+    return next(x for x in node.http("/metrics")[1].splitlines() if 'kernel_changes_total{outcome="failed"}' in x)
+
+
+def test_auto_mode_follows_a_peer_moving_between_segments_in_both_families(lab: Lab) -> None:
+    """A peer (a Node object only: no traffic needs to reach it) whose InternalIPs move from node-1's segment to the
+    routed one and back, its VTEP address with them: node-1 moves both of its subnets from the direct path to VXLAN
+    and back (IPv6 included, where the kernel refuses a replace across the two), counting nothing as failed."""
+    n1 = lab.nodes[0]
+    before = failed_changes(n1)
+
+    def at(ip4: str, ip6: str) -> None:
+        lab.api.ok("PATCH", "/api/v1/nodes/mover", {"metadata": {"annotations": {"nodeplug.io/vtep-address": ip4}}},
+                   "application/merge-patch+json")  # fmt: skip
+        status = {"status": {"addresses": [{"type": "InternalIP", "address": a} for a in (ip4, ip6)]}}
+        lab.api.ok("PATCH", "/api/v1/nodes/mover/status", status, "application/merge-patch+json")
+
+    def paths() -> tuple[str, str]:
+        r4, r6 = routes(n1, 4).get("10.244.60.0/24"), routes(n1, 6).get("fd44:0:0:60::/64")
+        return (r4 or {}).get("dev", ""), (r6 or {}).get("dev", "")
+
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:3c:01", "nodeplug.io/vtep-address": "192.168.77.60"}
+    lab.api.node("mover", ["10.244.60.0/24", "fd44:0:0:60::/64"], ["192.168.77.60", "fd77::60"], vtep)
+    try:
+        wait_for("mover routed directly", lambda: paths() == ("eth0", "eth0"), timeout=HANG)
+        assert routes(n1, 6)["fd44:0:0:60::/64"]["gateway"] == "fd77::60"
+        at("192.168.78.60", "fd78::60")
+        wait_for("mover over VXLAN in both families", lambda: paths() == ("nodeplug.vx",) * 2, timeout=HANG)
+        assert fdb(n1)["02:00:00:00:3c:01"] == "192.168.78.60"
+        at("192.168.77.60", "fd77::60")
+        wait_for("mover routed directly again", lambda: paths() == ("eth0", "eth0"), timeout=HANG)
+        assert "02:00:00:00:3c:01" not in fdb(n1)
+        assert failed_changes(n1) == before
+    finally:
+        lab.api.ok("DELETE", "/api/v1/nodes/mover")
+    wait_for("mover's routes gone", lambda: paths() == ("", ""), timeout=HANG)
+
+
 def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) -> None:
     assert lab.cp is not None
     n1 = lab.nodes[0]
