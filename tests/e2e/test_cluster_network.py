@@ -423,6 +423,38 @@ def test_auto_mode_follows_a_peer_moving_between_segments_in_both_families(lab: 
     wait_for("mover's routes gone", lambda: paths() == ("", ""), timeout=HANG)
 
 
+def test_a_route_the_kernel_refuses_is_counted_failed_named_in_readyz_and_an_event_until_it_lands(lab: Lab) -> None:
+    """IPv6 switched off on node-1's VXLAN device (an operator's sysctl): the kernel refuses any IPv6 route through
+    it, whatever the fallback. The refused route is counted as failed (not done), /readyz names the peer and the
+    family, and an Event says so on node-1; once IPv6 is back, the next pass lands it."""
+    n1 = lab.nodes[0]
+    sysctl = "net.ipv6.conf.nodeplug/vx.disable_ipv6"
+
+    def failed() -> float:
+        return float(failed_changes(n1).rsplit(" ", 1)[1])
+
+    before = failed()
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:3d:01", "nodeplug.io/vtep-address": "192.168.78.61"}
+    n1.ns.exec("sysctl", "-qw", f"{sysctl}=1")
+    try:
+        lab.api.node("refused6", ["10.244.61.0/24", "fd44:0:0:61::/64"], ["192.168.78.61", "fd78::61"], vtep)
+        wait_for("the IPv6 route counted as failed and named in /readyz", lambda: failed() > before and (
+            "refused6 IPv6" in n1.http("/readyz")[1]), timeout=HANG)  # fmt: skip
+        assert "10.244.61.0/24" in routes(n1, 4) and "fd44:0:0:61::/64" not in routes(n1, 6)
+        assert n1.http("/readyz")[0] == 503
+        notes = [str(e.get("note")) for e in lab.api.ok(
+            "GET", f"/apis/events.k8s.io/v1/namespaces/default/events?fieldSelector=regarding.name%3D{n1.name}"
+        )["items"] if e.get("reason") == "RouteNotProgrammed"]  # fmt: skip
+        assert any("refused6 IPv6" in n for n in notes), notes
+        n1.ns.exec("sysctl", "-qw", f"{sysctl}=0")
+        wait_for("the route lands once the kernel takes it", lambda: "fd44:0:0:61::/64" in routes(n1, 6), timeout=HANG)
+        wait_for("ready again", lambda: n1.http("/readyz")[0] == 200, timeout=HANG)
+    finally:
+        n1.ns.exec("sysctl", "-qw", f"{sysctl}=0", check=False)
+        lab.api.ok("DELETE", "/api/v1/nodes/refused6")
+    wait_for("refused6's routes gone", lambda: "10.244.61.0/24" not in routes(n1, 4), timeout=HANG)
+
+
 def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) -> None:
     assert lab.cp is not None
     n1 = lab.nodes[0]
