@@ -113,9 +113,10 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.write_config()
 
-    def write_config(self, enabled: bool = True, offer: str = "both") -> None:
+    def write_config(self, enabled: bool = True, offer: str = "both", csi: bool = False) -> None:
         self.config.write_text(
-            "http: {address: 127.0.0.1:0}\nshutdown_grace_seconds: 2\ncsi: {enabled: false}\ncni: {enabled: false}\n"
+            f"http: {{address: 127.0.0.1:0}}\nshutdown_grace_seconds: 2\ncsi: {{enabled: {str(csi).lower()}}}\n"
+            "cni: {enabled: false}\n"
             f"deviceplugin:\n  host_root: {self.host}\n  dra: {{enabled: {str(enabled).lower()}}}\n"
             f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}}}\n"
         )

@@ -232,3 +232,22 @@ def test_a_recurring_event_is_one_event_whose_series_counts_every_occurrence(clu
 
     (ev,) = recorder_run(cluster, steps)
     assert ev.series.count == 11 and ev.note == "the same thing again" and ev.type == "Warning"
+
+
+def test_volume_data_no_record_names_is_told_on_the_node_at_start(cluster: Cluster, agent: Agent) -> None:
+    """The CSI driver's reconcile at start finds a volume file that no record names (an interrupted create, or put
+    there by hand): it leaves it in place and says so on the Node."""
+    stray = agent.root / "var/lib/nodeplug/csi/volumes/vol-stray-data.img"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"\0" * 4096)
+    agent.write_config(csi=True)
+    agent.start()
+
+    def told() -> list[dict[str, Any]]:
+        return [e for e in events(cluster, "default", NODE) if e["reason"] == "VolumeDataUnrecorded"]
+
+    wait_for("VolumeDataUnrecorded on the Node", lambda: any("vol-stray-data.img" in e["note"] for e in told()),
+             timeout=30)  # fmt: skip
+    (ev,) = [e for e in told() if "vol-stray-data.img" in e["note"]]
+    assert ev["type"] == "Warning" and "left in place" in ev["note"] and ev["action"] == "Reconcile"
+    assert stray.read_bytes() == b"\0" * 4096  # never deleted
