@@ -6,13 +6,17 @@ of the agent's service account bound to the Node (so RBAC and the admission poli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,6 +156,35 @@ class Agent:
 
     def claim_specs(self) -> list[str]:
         return sorted(p.name for p in self.cdi_dir.glob("k8s.*.json")) if self.cdi_dir.exists() else []
+
+
+@contextlib.contextmanager
+def running_cluster(prefix: str) -> Iterator[Cluster]:
+    """A :class:`Cluster` in a network namespace of its own, its work directory under /tmp (short socket paths);
+    both removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    ns = Netns(prefix + uuid.uuid4().hex[:6])
+    c: Cluster | None = None
+    try:
+        c = Cluster(work, ns)
+        yield c
+    finally:
+        if c is not None:
+            c.cp.close()
+        ns.delete()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_agent(cluster: Cluster) -> Iterator[Agent]:
+    """An :class:`Agent` of ``cluster`` on a temporary root (not started), killed and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
+    a = Agent(cluster, root)
+    try:
+        yield a
+    finally:
+        a.kill()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _answers(path: Path) -> bool:

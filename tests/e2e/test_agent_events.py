@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,8 +20,7 @@ from nodeplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from nodeplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 
 from lab.controlplane import ADMIN_TOKEN, CP_ADDR, missing_assets
-from lab.dralab import NODE, NS, Agent, Cluster, make_claim
-from lab.netns import Netns
+from lab.dralab import NODE, NS, Agent, Cluster, make_claim, running_agent, running_cluster
 from support.host import REPO
 from support.wait import wait_for
 
@@ -33,31 +29,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    work = Path(tempfile.mkdtemp(prefix="npev-", dir="/tmp"))
-    ns = Netns("npev" + uuid.uuid4().hex[:6])
-    c: Cluster | None = None
-    try:
-        c = Cluster(work, ns)
+    with running_cluster("npev") as c:
         for doc in yaml.safe_load_all((REPO / "daemonset/rbac.yaml").read_text()):
             if doc and doc["metadata"]["name"].startswith("nodeplug-events"):
                 c.api.create(doc)
         yield c
-    finally:
-        if c is not None:
-            c.cp.close()
-        ns.delete()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture
 def agent(cluster: Cluster) -> Iterator[Agent]:
-    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
-    a = Agent(cluster, root)
-    try:
+    with running_agent(cluster) as a:
         yield a
-    finally:
-        a.kill()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:

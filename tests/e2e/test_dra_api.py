@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +26,18 @@ from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 from lab.controlplane import missing_assets
-from lab.dralab import DRIVER, NODE, NS, SLICES, Agent, Cluster, make_claim, start_apiserver
-from lab.netns import Netns
+from lab.dralab import (
+    DRIVER,
+    NODE,
+    NS,
+    SLICES,
+    Agent,
+    Cluster,
+    make_claim,
+    running_agent,
+    running_cluster,
+    start_apiserver,
+)
 from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
@@ -39,30 +47,18 @@ HANG = 60  # bounds a hang; the real waits are a fraction of a second
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    work = Path(tempfile.mkdtemp(prefix="npdra-", dir="/tmp"))
-    ns = Netns("npdra" + uuid.uuid4().hex[:6])
-    c: Cluster | None = None
-    try:
-        c = Cluster(work, ns)
+    with running_cluster("npdra") as c:
         yield c
-    finally:
-        if c is not None:
-            c.cp.close()
-        ns.delete()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture
 def agent(cluster: Cluster) -> Iterator[Agent]:
-    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
-    a = Agent(cluster, root)
     try:
-        yield a
-    finally:
-        a.kill()
+        with running_agent(cluster) as a:
+            yield a
+    finally:  # the agent is gone: what it published and the test's claims go too
         cluster.api.request("DELETE", SLICES)
         cluster.api.request("DELETE", f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(coro: Any) -> Any:
