@@ -30,6 +30,7 @@ from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
 from support.host import needs_root, sh
+from support.scriptedkube import scripted_client
 from support.wait import eventually
 
 pytestmark = needs_root
@@ -393,8 +394,6 @@ def node_json(info: NodeInfo) -> dict[str, Any]:
 
 def api_server(tmp_path: Path, nodes: dict[str, NodeInfo]) -> Any:
     """A client of an API server (scripted, in this process) that lists ``nodes`` and has no change to tell."""
-    from nodeplug.kube import KubeClient, resolve
-
     listing = {
         "kind": "NodeList",
         "metadata": {"resourceVersion": "1"},
@@ -406,15 +405,7 @@ def api_server(tmp_path: Path, nodes: dict[str, NodeInfo]) -> Any:
             return httpx2.Response(200, content=b"")  # nothing changes
         return httpx2.Response(200, json=listing)
 
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443", insecure-skip-tls-verify: true}}]\n'
-        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
-    src = resolve(kc, env={})
-    assert src is not None
-    return KubeClient(src, transport=httpx2.MockTransport(answer))
+    return scripted_client(answer, tmp_path)
 
 
 def one_pass(ns: str, tmp_path: Path, nodes: dict[str, NodeInfo], masquerade: bool) -> Any:
