@@ -48,8 +48,19 @@ def skip_reason() -> str | None:
     return None
 
 
+# A test's hang bound in this tier: the first test's setup brings the cluster up (on a fresh machine it builds every
+# image first, and it waits for the machine's cluster lock while another cluster runs), which the suite's 300 s per
+# test would cut short.
+TIER_TIMEOUT = 3600
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``cluster_last`` (the uninstall) run after the rest of the tier."""
+    """Tests marked ``cluster_last`` (the uninstall) run after the rest of the tier; every test of the tier gets the
+    tier's hang bound unless it names its own."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT))
     items.sort(key=lambda i: i.get_closest_marker("cluster_last") is not None)
 
 
