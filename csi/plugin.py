@@ -27,6 +27,7 @@ from csi.config import Config
 from csi.controller import ControllerServicer
 from csi.groupcontroller import GroupControllerServicer
 from csi.identity import IdentityServicer
+from csi.metrics import Sampler
 from csi.node import NodeServicer
 from csi.nodehost import NodeHost
 from csi.state import StateStore
@@ -72,6 +73,7 @@ class CsiPlugin:
         self._registration: RegistrationServer | None = None
         self.missing: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sampler: Sampler | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -113,9 +115,14 @@ class CsiPlugin:
                 self._server = None
                 raise
             self._registration = reg
+        self._sampler = Sampler(self.manager, self.ctx.metrics.registry, self.log)
+        await self._sampler.start()
         self.log.info("csi driver started", driver=cfg.driver_name, socket=str(self.socket_path))
 
     async def stop(self, grace: float) -> None:
+        if self._sampler is not None:
+            await self._sampler.stop()
+            self._sampler = None
         if self._registration is not None:
             await self._registration.stop(grace)
             self._registration = None
