@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from csi import loopdev, mounts
 from csi.config import Config
@@ -38,6 +39,9 @@ from nodeplug.kube.events import EventType, Regarding
 from nodeplug.log import Logger
 from nodeplug.paths import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from nodeplug.plugin import AgentContext, Readiness
+
+if TYPE_CHECKING:
+    from csi.snapshotimport import SnapshotImporter
 from nodeplug.pluginwatcher import CSI_PLUGIN, RegistrationServer
 
 SUPPORTED_VERSIONS = ("1.0.0",)
@@ -74,6 +78,7 @@ class CsiPlugin:
         self.missing: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sampler: Sampler | None = None
+        self._importer: SnapshotImporter | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -117,9 +122,15 @@ class CsiPlugin:
             self._registration = reg
         self._sampler = Sampler(self.manager, self.ctx.metrics.registry, self.log)
         await self._sampler.start()
+        if self.ctx.kube is not None and self.ctx.node_name:
+            self._importer = self._snapshot_importer(self.store)
+            self._importer.start()
         self.log.info("csi driver started", driver=cfg.driver_name, socket=str(self.socket_path))
 
     async def stop(self, grace: float) -> None:
+        if self._importer is not None:
+            await self._importer.stop()
+            self._importer = None
         if self._sampler is not None:
             await self._sampler.stop()
             self._sampler = None
@@ -155,6 +166,23 @@ class CsiPlugin:
         self.socket_path = self.ctx.root(csi_socket_default(section.driver_name))
         self.registration_path = self.ctx.root(registration_socket_default(section.driver_name))
         await self.start()
+
+    def _snapshot_importer(self, store: StateStore) -> SnapshotImporter:
+        """Pre-provisioned VolumeSnapshotContents naming this node's snapshots are adopted (with an API only)."""
+        from csi.snapshotimport import SnapshotImporter
+
+        async def holds(snapshot_id: str) -> bool:
+            return await asyncio.to_thread(store.get_snapshot, snapshot_id) is not None
+
+        assert self.ctx.kube is not None
+        return SnapshotImporter(
+            self.ctx.kube,
+            driver=self.config.driver_name,
+            node=self.ctx.node_name,
+            holds=holds,
+            events=self.ctx.events,
+            log=self.log,
+        )
 
     def _event(self, reason: str, note: str) -> None:
         """A reconcile finding as an Event on this Node (called from the reconcile's thread)."""
