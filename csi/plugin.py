@@ -8,7 +8,10 @@
    data: kubelet stages and publishes again after a reboot, and NodeStageVolume re-attaches and re-mounts;
 3. serves Identity, Controller, GroupController and Node on ``<root>/var/lib/kubelet/plugins/<driver>/csi.sock``;
 4. serves ``pluginregistration`` on ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock``, announcing the CSI
-   socket by its host path (see :mod:`nodeplug.pluginwatcher` for why it is not root-prefixed).
+   socket by its host path (see :mod:`nodeplug.pluginwatcher` for why it is not root-prefixed);
+5. measures how full volumes and backends are for ``/metrics`` (:mod:`csi.metrics`) and, when the agent follows a
+   Kubernetes API, adopts the pre-provisioned VolumeSnapshotContents naming this node's snapshots
+   (:mod:`csi.snapshotimport`).
 
 Readiness: ready when both sockets are served and kubelet has not rejected the registration. On a node where no
 kubelet ever dials the registration socket (a bare host, the demo, tests) the driver is still usable through its
