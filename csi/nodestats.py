@@ -62,11 +62,11 @@ def stats(host: NodeHost, volume_id: str, path: Path) -> VolumeStats:
         return VolumeStats(None, None, problem)
     fs = mounts.fs_stats(path)
     if v.is_subvolume:
-        fs = _subvolume_usage(v, backing, fs)
+        fs = subvolume_usage(v, backing, fs)
     return VolumeStats(fs.total_bytes, fs, None)
 
 
-def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsStats:
+def subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsStats:
     """statvfs sees the whole btrfs filesystem; the volume is its qgroup (referenced bytes, limit)."""
     try:
         out = run(["btrfs", "qgroup", "show", "-r", "--raw", "-f", str(backing)], 30)

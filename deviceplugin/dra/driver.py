@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from deviceplugin import health
 from deviceplugin.config import Resource
@@ -100,6 +102,29 @@ class _Devices:
             await health.reset(resource.reset, devices, self.d.host_root)
 
 
+class _SlicesCollector:
+    """``nodeplug_dra_slices_published{driver}``: 1 while this node's ResourceSlices list exactly the devices offered
+    through DRA (the last comparison or write succeeded), 0 before the API server was reached and the slices first
+    listed, or while writing them fails."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self._driver = driver
+
+    def collect(self) -> Iterator[Metric]:
+        d = self._driver
+        g = GaugeMetricFamily(
+            "nodeplug_dra_slices_published",
+            "1 while this node's ResourceSlices list exactly the devices offered through DRA.",
+            labels=["driver"],
+        )
+        pub = d.publisher
+        g.add_metric([d.cfg.driver_name], 1 if pub is not None and pub.synced and pub.current else 0)
+        yield g
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 class DraDriver:
     def __init__(
         self,
@@ -137,6 +162,7 @@ class DraDriver:
         self._server: UnixGrpcServer | None = None
         self._source = _Source()
         self._tasks: list[asyncio.Task[None]] = []
+        self._collector = _SlicesCollector(self)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -150,6 +176,7 @@ class DraDriver:
         # driver's start, never the event loop, which serves the device plugin meanwhile.
         self.store, preparer = await asyncio.to_thread(self._open_store)
         self.preparer = preparer
+        self.metrics.registry.register(self._collector)
         self.attach()
         self.apply_holds()
         handler = Handler(preparer, self.log, self.events, lambda: self.version)
@@ -191,6 +218,8 @@ class DraDriver:
             raise
 
     async def stop(self, grace: float, remove: bool = False) -> None:
+        with contextlib.suppress(KeyError):  # not registered: the start failed before
+            self.metrics.registry.unregister(self._collector)
         if self.registration is not None:
             await self.registration.stop(grace)  # kubelet deregisters us first
             self.registration = None
