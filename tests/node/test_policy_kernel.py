@@ -321,11 +321,11 @@ def test_a_quarantined_address_is_cut_off_until_released_with_its_rules(node: No
 
 def test_thousands_of_excepts_and_ports_load_as_one_transaction_and_still_decide_right(node: Node, c: Compiler) -> None:
     excepts = [f"10.2.{i // 256}.{i % 256}/32" for i in range(3, 3000, 2)]  # 10.2.0.3, .5, ... (odd hosts)
+    ports: list[dict[str, Any]] = [{"port": p, "endPort": p + 1, "protocol": "TCP"} for p in range(70, 90, 2)]
+    ports += [{"port": "no-pod-has-this-name"}, {"port": 53, "protocol": "UDP"}, {"protocol": "SCTP"}]
     c.set_policy("default/a", policy("a", {"podSelector": {"matchLabels": {"app": "a"}}, "policyTypes": ["Egress"],
         "egress": [{"to": [{"ipBlock": {"cidr": "10.2.0.0/16", "except": excepts}},
-                           {"podSelector": {"matchLabels": {"nobody": "has-this"}}}],
-                    "ports": [{"port": p, "endPort": p + 1, "protocol": "TCP"} for p in range(70, 90, 2)] + [
-                        {"port": "no-pod-has-this-name"}, {"port": 53, "protocol": "UDP"}, {"protocol": "SCTP"}]}]}))  # fmt: skip
+                           {"podSelector": {"matchLabels": {"nobody": "has-this"}}}], "ports": ports}]}))  # fmt: skip
     node.apply(c)
     a = node.pods["a"]
     assert tcp(a, "10.2.0.2", 80) and udp(a, "10.2.0.2")
