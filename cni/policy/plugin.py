@@ -69,7 +69,10 @@ class NetworkPolicyPlugin:
             for c in self.metrics.collectors():
                 self.ctx.metrics.registry.register(c)
             self._attached = True
-        self.service = PolicyService(self.section, kube, self.ctx.node_name, self.log, self.metrics)
+        from cni.cluster import uninstall
+
+        marker = self.ctx.root(uninstall.MARKER)
+        self.service = PolicyService(self.section, kube, self.ctx.node_name, self.log, self.metrics, marker)
         await self.service.start()
         self.hook = Attachments(self.service, asyncio.get_running_loop(), self.section.attach_timeout_seconds)
         self.ctx.pod_addresses.append(self.hook)

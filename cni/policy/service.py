@@ -32,6 +32,7 @@ import ipaddress
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from lightkube.resources.core_v1 import Namespace, Pod
@@ -71,8 +72,12 @@ class Metrics:
 
 
 class PolicyService:
-    def __init__(self, cfg: PolicyConfig, kube: KubeClient, node: str, log: Logger, metrics: Metrics) -> None:
+    def __init__(
+        self, cfg: PolicyConfig, kube: KubeClient, node: str, log: Logger, metrics: Metrics, marker: Path | None = None
+    ) -> None:
         self.cfg = cfg
+        self.marker = marker  # the uninstall's request (cni.cluster.uninstall.MARKER): stand down while it exists
+        self.removed = False
         self.kube = kube
         self.node = node
         self.log = log.bind(node=node)
@@ -115,6 +120,8 @@ class PolicyService:
         self._tasks = [asyncio.create_task(self._follow(k), name=f"policy-watch-{k}") for k in KINDS]
         self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="policy-reconcile"))
         self._tasks.append(asyncio.create_task(self._count_drops(), name="policy-counters"))
+        if self.marker is not None:
+            self._tasks.append(asyncio.create_task(self._guard(self.marker), name="policy-guard"))
         self.log.info("following NetworkPolicies, Namespaces and Pods", quarantined=len(self.held))
 
     async def stop(self) -> None:
@@ -127,6 +134,23 @@ class PolicyService:
         if self._pool is not None:
             self._pool.shutdown(wait=True)  # a transaction under way finishes; the kernel keeps the table
             self._pool = None
+
+    async def _guard(self, marker: Path) -> None:
+        """``nodeplug install-cni --uninstall`` asks the agent to stand down: remove both tables and make no pass
+        until the request is withdrawn (a new install), then make the whole table again."""
+        while True:
+            asked = await asyncio.to_thread(marker.exists)
+            if asked and not self.removed:
+                self.removed = True
+                await self._nft(_remove_tables)
+                self.have, self.held, self.to_hold = None, set(), set()
+                self.log.warning("network policy removed from this node: uninstall requested", marker=str(marker))
+            elif not asked and self.removed:
+                self.removed = False
+                await self._nft(quarantine.setup)
+                self._dirty.set()
+                self.log.info("network policy back: the uninstall request is gone")
+            await asyncio.sleep(0.2)
 
     async def _nft(self, fn: Any, *args: Any) -> Any:
         assert self._pool is not None
@@ -232,6 +256,8 @@ class PolicyService:
         """Quarantine ``ips``: through the next pass while passes run (with the sets they leave), else at once."""
         if not ips:
             return
+        if self.removed:
+            return
         if self.applied_at is None or not all(self.synced.values()):
             await self._nft(quarantine.hold, list(ips))
             self.held |= set(ips)
@@ -264,7 +290,7 @@ class PolicyService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
             self._dirty.clear()
-            if not all(self.synced.values()):
+            if not all(self.synced.values()) or self.removed:
                 continue
             if time.monotonic() - last_full >= self.cfg.resync_seconds:
                 self.have = None
@@ -344,6 +370,8 @@ class PolicyService:
     # ------------------------------------------------------------ readiness
 
     def readiness(self) -> tuple[bool, str]:
+        if self.removed:
+            return False, f"removed from this node by `nodeplug install-cni --uninstall` ({self.marker} exists)"
         waiting = [k for k, v in self.synced.items() if not v]
         held = f"; {len(self.held)} address(es) quarantined" if self.held else ""
         notes = "".join(f"; {p}" for p in self.problems)
@@ -356,6 +384,15 @@ class PolicyService:
             return False, f"policy table not applied: {self.failed[:300] or 'first pass under way'}{held}{notes}"
         local = self.compiler.local_pods()
         isolated = {d: sum(1 for p in local if self.compiler.selecting(p, d)) for d in DIRECTIONS}
-        api = "" if all(w.status.connected for w in self.watches.values()) else "; API server unreachable: rules kept"
+        api = (
+            ""
+            if all(w.status.connected for w in self.watches.values())
+            else "; API server not answering: policy rules kept as they are"
+        )
         return True, (f"{len(self.compiler.policies)} policies; {len(local)} local pods, isolated ingress "
                       f"{isolated['ingress']}, egress {isolated['egress']}{held}{api}{notes}")  # fmt: skip
+
+
+def _remove_tables() -> None:
+    kernel.remove()
+    quarantine.remove()

@@ -224,7 +224,7 @@ def test_agent_kill9_and_the_api_server_away_never_open_traffic(w: World) -> Non
         assert w.seen(w.client, w.server) == (False, False)
         lab.cp.stop("apiserver")
         try:
-            wait_for("the agent notices", lambda: "rules kept" in n1.http("/readyz")[1], timeout=HANG)
+            wait_for("the agent notices", lambda: "policy rules kept" in n1.http("/readyz")[1], timeout=HANG)
             assert w.seen(w.client, w.server) == (False, False)
             assert reaches(w.client.ns, late.ip4)  # what was allowed stays allowed
         finally:
