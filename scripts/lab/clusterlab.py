@@ -125,16 +125,17 @@ class Node:
                      "dataDir": str(self.root / "var/lib/nodeplug/ipam")},
         }  # fmt: skip
 
-    def cni(self, command: str, pod: str, cid: str) -> tuple[int, Any]:
+    def cni(self, command: str, pod: str, cid: str, args: str = "") -> tuple[int, Any]:
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{pod}", "CNI_IFNAME": "eth0",
-               "CNI_PATH": "/usr/lib/cni"}  # fmt: skip
+               "CNI_PATH": "/usr/lib/cni", **({"CNI_ARGS": args} if args else {})}  # fmt: skip
         code, out, _ = exec_plugin(["ip", "netns", "exec", self.ns.name, ENTRY], self.netconf(), {**os.environ, **env})
         return code, out
 
 
 class Pod:
-    def __init__(self, node: Node, ns: Netns, cid: str, result: Any) -> None:
+    def __init__(self, node: Node, ns: Netns, cid: str, result: Any, namespace: str = "", name: str = "") -> None:
         self.node, self.ns, self.cid = node, ns, cid
+        self.namespace, self.name = namespace, name
         ips = [ipaddress.ip_interface(ip["address"]).ip for ip in result["ips"]]
         self.ip4 = str(next(a for a in ips if a.version == 4))
         self.ip6 = str(next(a for a in ips if a.version == 6))
@@ -266,6 +267,47 @@ class Lab:
         pod = Pod(node, ns, cid, result)
         self.pods.append(pod)
         return pod
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A Namespace and its ``default`` ServiceAccount (no controller-manager here makes it), for pods."""
+        self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        self.api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": "default", "namespace": name}})  # fmt: skip
+
+    def add_k8s_pod(
+        self,
+        node: Node,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        ports: list[dict[str, Any]] | None = None,
+        report: bool = True,
+    ) -> Pod:
+        """A pod as a kubelet makes one: the Pod object (bound to ``node``) first, then CNI ADD with its
+        ``K8S_POD_*`` arguments, then (``report``) its addresses in the Pod's status."""
+        obj = self.api.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"nodeName": node.name, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "none", "ports": ports or []}]},
+        })  # fmt: skip
+        ns = self._ns(f"pod{len(self.pods)}")
+        cid = f"{self.tag}-{len(self.pods)}"
+        uid = obj["metadata"]["uid"]
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
+        code, result = node.cni("ADD", ns.name, cid, args)
+        if code != 0:
+            raise AssertionError(f"ADD on {node.name}: {result}\n{node.log_tail()}")
+        pod = Pod(node, ns, cid, result, namespace, name)
+        self.pods.append(pod)
+        if report:
+            self.report(pod)
+        return pod
+
+    def report(self, pod: Pod) -> None:
+        """The pod's addresses in its status, as kubelet reports them once the sandbox runs."""
+        status = {"status": {"phase": "Running", "podIP": pod.ip4, "podIPs": [{"ip": pod.ip4}, {"ip": pod.ip6}]}}
+        self.api.ok("PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", status,
+                    "application/merge-patch+json")  # fmt: skip
 
     def close(self) -> None:
         for node in self.nodes:
