@@ -113,13 +113,19 @@ def served(agent: Agent, netns: Callable[[], str], tmp_path: Path) -> tuple[dict
     return netconf(tmp_path, agent.sock), f"/run/netns/{netns()}"
 
 
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
 def test_thick_mode_add_check_del_through_the_agent(
-    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
 ) -> None:
     conf, pod = served
+    conf["datapath"] = datapath
     code, res, err = run(host, "ADD", conf, "thick1", pod)
     assert code == 0, (res, err)
-    assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
+    if datapath == "routed":
+        assert res["ips"] == [{"address": "10.94.0.2/32", "gateway": "169.254.1.1", "interface": 1}]
+        sh("ip", "-n", host, "addr", "add", "10.94.0.1/32", "dev", "lo")  # an address of the node, to ping
+    else:
+        assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
     assert agent.served("thick1")
     sh("ip", "netns", "exec", os.path.basename(pod), "ping", "-c", "1", "-W", "2", "10.94.0.1")
     assert run(host, "CHECK", {**conf, "prevResult": res}, "thick1", pod)[:2] == (0, None)
@@ -145,10 +151,12 @@ def test_thick_mode_add_imports_no_netlink_in_the_entry_point(
     assert not {"pyroute2", "grpc", "pydantic", "cni.dataplane", "cni.commands"} & imported
 
 
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
 def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
-    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
 ) -> None:
     conf, pod = served
+    conf["datapath"] = datapath
     code, res, _ = run(host, "ADD", conf, "orphan", pod)
     assert code == 0 and leases(tmp_path) == [("orphan", "10.94.0.2")]
     agent.stop(signal.SIGKILL)  # the socket file stays behind, nobody listens
@@ -156,7 +164,7 @@ def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
     code, out, err = run(host, "DEL", conf, "orphan", pod)  # no prevResult either
     assert (code, out) == (0, None), err
     assert leases(tmp_path) == []
-    assert res["interfaces"][1]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
+    assert res["interfaces"][-2]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
 
 
 def test_standalone_add_then_thick_del_share_the_store(
