@@ -175,8 +175,8 @@ def test_conflist_with_portmap_tuning_bandwidth(
     sh("ip", "-n", runtime.host, "addr", "add", f"{HOST_ADDR}/32", "dev", "lo")
     server = serve_once(sh, pod_name, 80)
     try:
-        got = sh("ip", "netns", "exec", runtime.host, sys.executable, "-c",
-                 f"import socket; print(socket.create_connection(('{HOST_ADDR}', 18080), timeout=5).recv(9).decode())")  # fmt: skip
+        connect = f"import socket; print(socket.create_connection(('{HOST_ADDR}', 18080), timeout=5).recv(9).decode())"
+        got = sh("ip", "netns", "exec", runtime.host, sys.executable, "-c", connect)
         assert got.strip() == "pong"
     finally:
         server.kill()
