@@ -90,7 +90,8 @@ def node(tmp_path: Path, netns: Callable[[], str], bundle: Path) -> Node:
     args = command_of("install-cni")
     args = [a for a in args if not a.startswith("--bundle=")]
     argv = [*args, "--root", str(n.root), "--bundle", str(bundle), "--socket", str(n.socket),
-            "--ipam-data-dir", str(n.ipam), "--node-subnets", str(n.subnets)]  # fmt: skip
+            "--ipam-data-dir", str(n.ipam), "--node-subnets", str(n.subnets),
+            "--config", str(REPO / "daemonset/agent.yaml")]  # the ConfigMap the init container mounts  # fmt: skip
     p = subprocess.run([sys.executable, "-m", "nodeplug.cli", *argv], capture_output=True, text=True, timeout=120,
                        check=False, cwd=REPO)  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -130,6 +131,7 @@ def test_standalone_then_thick_through_the_installed_bundle(
     conf = node.network()
     # the cluster network: no per-pod masquerade (the agent masquerades what leaves the cluster CIDRs)
     assert conf["ipMasq"] is False and conf["socket"] == str(node.socket)
+    assert conf["datapath"] == "routed"  # the shipped agent config's cni.datapath
     assert conf["ipam"]["nodeSubnets"] == str(node.subnets)
     if Path("/usr/lib/cni/loopback").exists():  # the image's reference plugins, put where the host has none
         assert (node.root / "opt/cni/bin/loopback").is_file() and (node.root / "opt/cni/bin/portmap").is_file()
@@ -138,7 +140,7 @@ def test_standalone_then_thick_through_the_installed_bundle(
     # No agent yet (the DaemonSet's pod is starting): the bundle does the work itself, in this node's podCIDRs.
     code, result = node.cni("ADD", conf, **env)
     assert code == 0, result
-    assert [ip["address"] for ip in result["ips"]] == ["10.94.0.2/24", "fd94::2/64"]
+    assert [ip["address"] for ip in result["ips"]] == ["10.94.0.2/32", "fd94::2/128"]
     link = json.loads(subprocess.run(["ip", "-n", podns, "-j", "link", "show", "eth0"], capture_output=True,
                                      text=True, check=True, timeout=10).stdout)[0]  # fmt: skip
     assert link["mtu"] == 1450
