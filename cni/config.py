@@ -3,8 +3,8 @@
 The network itself (datapath, bridge, ranges, IPAM data directory, socket path the entry point uses) is described by
 the CNI network config the runtime passes on every call, not here: the entry point and the agent must agree without
 the agent config. This section says where the agent listens and how much work it takes on at once, and which
-datapath the conflist ``nodeplug install-cni`` writes names (and the doctor's throw-away network uses). (How this node joins the
-cluster pod network is the ``cluster_network`` section, :mod:`cni.cluster.config`.)
+datapath the conflist ``nodeplug install-cni`` writes names (and the doctor's throw-away network uses). (How this
+node joins the cluster pod network is the ``cluster_network`` section, :mod:`cni.cluster.config`.)
 """
 
 from __future__ import annotations
