@@ -16,7 +16,8 @@ fails (``pop_all()`` on success):
 8. forwarding sysctls on the host (``isGateway``; always when routed);
 9. masquerade rules (``ipMasq``, :mod:`masq`) — undo: delete the attachment's rules.
 
-DEL deletes the host end (which takes the pod end with it, wherever it is) and, when ADD put masquerade rules in place
+DEL deletes the host end (which takes the pod end with it, wherever it is; answered once the kernel has unregistered
+the pair, its slower remainder left to the kernel: :mod:`unlink`) and, when ADD put masquerade rules in place
 (the host veth's alias says so, :mod:`names`; or ``ipMasq`` is on and the veth is gone or older than that mark), the
 attachment's rules, side by side (each waits for a kernel RCU grace period; together DEL takes about as long as the
 slower of the two). Without rules it runs no ``nft`` and imports nothing to run it. It needs neither the netns nor the
@@ -37,6 +38,7 @@ from cni.dataplane.addrs import configure_pod
 from cni.dataplane.bridge import ensure_bridge
 from cni.dataplane.netns import open_netns, same_netns
 from cni.dataplane.nl import get_link, host_socket, socket_in
+from cni.dataplane.unlink import delete_pair
 from cni.dataplane.veth import configure_host_port, create_pair, delete_host_end, index_of
 from cni.errors import INVALID_ENVIRONMENT, CniError, quietly
 from cni.netconf import BridgeConf
@@ -102,17 +104,17 @@ def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, 
         recorded = names.alias_masq(str(link.get("IFLA_IFALIAS") or "")) if link is not None else None
         if not (conf.ip_masq if recorded is None else recorded):
             if link is not None:
-                delete_host_end(nl, host_name)
+                delete_pair(host_name, int(link["index"]))
             return
-        # The rules go side by side with the link: its deletion waits for a kernel RCU grace period anyway, so the nft
-        # listing (and a deletion transaction, which waits for one too) costs no extra wall time. The pool's thread is
-        # started here, so it shares this thread's netns and nft runs where the rules are.
+        # The rules go side by side with the link (the nft listing and deletion transaction wait for a kernel RCU grace
+        # period). The pool's thread is started here, so it shares this thread's netns and nft runs where the rules are.
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1, thread_name_prefix="nodeplug-cni-nft") as pool:
             rules = pool.submit(masq.delete_attachment, conf.name, host_name)
             try:
-                delete_host_end(nl, host_name)
+                if link is not None:
+                    delete_pair(host_name, int(link["index"]))
             finally:
                 rules.result()
 

@@ -167,6 +167,39 @@ def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
     assert res["interfaces"][-2]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
 
 
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_thick_del_frees_everything_before_it_answers_even_with_the_agent_killed_right_after(
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
+) -> None:
+    """The agent answers DEL before the kernel has finished freeing the veth pair: by then the lease is released,
+    both ends and their routes are gone, and an ADD of the same container into the same netns works at once; a
+    kill -9 of the agent right after the answer leaves nothing behind."""
+    conf, pod = served
+    conf["datapath"] = datapath
+
+    def host_veths() -> list[str]:
+        return [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-n", host, "-o", "link").splitlines()
+                if line.split(":")[1].strip().startswith("veth")]  # fmt: skip
+
+    for round_ in range(3):
+        code, res, err = run(host, "ADD", conf, "again", pod)
+        assert code == 0, (res, err)
+        assert run(host, "DEL", conf, "again", pod)[:2] == (0, None)
+        assert leases(tmp_path) == [] and host_veths() == []
+        assert "eth0" not in sh("ip", "-n", os.path.basename(pod), "-o", "link")
+        assert sh("ip", "-n", host, "route", "show", "10.94.0.2") == ""
+    assert agent.served("again")
+    code, res, _ = run(host, "ADD", conf, "killed", pod)
+    assert code == 0, res
+    assert run(host, "DEL", conf, "killed", pod)[:2] == (0, None)
+    agent.stop(signal.SIGKILL)
+    assert leases(tmp_path) == [] and host_veths() == []
+    code, res, err = run(host, "ADD", conf, "killed", pod)  # standalone now: nothing of the old pair is in the way
+    assert code == 0, (res, err)
+    assert run(host, "DEL", conf, "killed", pod)[:2] == (0, None)
+    assert leases(tmp_path) == [] and host_veths() == []
+
+
 def test_standalone_add_then_thick_del_share_the_store(
     agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path
 ) -> None:

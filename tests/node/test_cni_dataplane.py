@@ -355,6 +355,20 @@ def test_del_twice_and_without_netns(host: Host, pod: Callable[[], str]) -> None
     host.call(dataplane.delete, c, "never-added", "/run/netns/gone", "eth0", [v4()])
 
 
+def test_del_returns_with_the_pair_gone_and_the_attachment_can_be_added_again_at_once(
+    host: Host, pod: Callable[[], str]
+) -> None:
+    """DEL answers before the kernel has finished freeing the pair (:mod:`cni.dataplane.unlink`), but never before
+    both ends and their routes are gone: the same container can be attached again right away, same netns."""
+    ns = pod()
+    for _ in range(3):
+        hv = add(host, host.conf(), ns, ips=[v4(), v6()])[-2]
+        host.call(dataplane.delete, host.conf(), "c1", ns, "eth0", [])
+        assert host.link(hv.name) is None
+        assert [x["ifname"] for x in host.pod_ip(ns, "link", "show")] == ["lo"]
+        assert host.ip("route", "show", "10.77.0.5") == [] and host.ip("-6", "route", "show", "fd77::5") == []
+
+
 def test_del_after_the_netns_is_gone(host: Host, pod: Callable[[], str]) -> None:
     ns = pod()
     c = host.conf(ip_masq=True)
