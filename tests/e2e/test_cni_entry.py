@@ -181,7 +181,7 @@ def test_thick_del_frees_everything_before_it_answers_even_with_the_agent_killed
         return [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-n", host, "-o", "link").splitlines()
                 if line.split(":")[1].strip().startswith("veth")]  # fmt: skip
 
-    for round_ in range(3):
+    for _ in range(3):
         code, res, err = run(host, "ADD", conf, "again", pod)
         assert code == 0, (res, err)
         assert run(host, "DEL", conf, "again", pod)[:2] == (0, None)
