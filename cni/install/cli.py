@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cni import thick
 from cni.install import bundle, network, refplugins
 from cni.install.bundle import Layout
 from cni.install.conflist import (
@@ -168,11 +169,24 @@ def run_install(args: argparse.Namespace) -> int:
             conf = generate_conflist(args)
             check_conflist(conf, "generated conflist")
     bundle.install_bundle(args.bundle, layout, args.force)
+    bundle.record_socket(layout, _agent_socket(conf, args.socket))
     refplugins.install(args.reference_plugins, layout.bin_dir, layout.bin_dir / refplugins.RECORD)
     if conf is not None:
         install_conflist(conf, layout, args.force)
     network.withdraw_uninstall(root, print)
     return 0
+
+
+def _agent_socket(conf: dict[str, Any] | None, flag: str | None) -> str:
+    """The socket the launcher asks first: the one the installed conflist's first nodeplug plugin names, else
+    ``--socket``, else the default."""
+    plugins = conf.get("plugins") if conf is not None else None
+    for p in plugins if isinstance(plugins, list) else ():
+        if isinstance(p, dict) and p.get("type") == "nodeplug":
+            where = thick.route(p)
+            if where is not None:
+                return where[0]
+    return flag or thick.DEFAULT_SOCKET
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,11 +40,12 @@ class Agent:
     def agent_argv(self) -> list[str]:
         return ["ip", "netns", "exec", self.host, sys.executable, "-m", "nodeplug.cli", "agent"]
 
-    def start(self) -> None:
+    def start(self, cni: str = "") -> None:
+        """``cni``: more lines of the config's cni section (indented by two spaces)."""
         cfg = self.tmp / "agent.yaml"
         cfg.write_text(
             f"http:\n  address: 127.0.0.1:{free_port()}\nshutdown_grace_seconds: 2\n"
-            "deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\ncni:\n  workers: 4\n"
+            f"deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\ncni:\n  workers: 4\n{cni}"
         )
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -198,6 +199,29 @@ def test_thick_del_frees_everything_before_it_answers_even_with_the_agent_killed
     assert code == 0, (res, err)
     assert run(host, "DEL", conf, "killed", pod)[:2] == (0, None)
     assert leases(tmp_path) == [] and host_veths() == []
+
+
+def test_an_oversized_request_for_another_socket_is_not_refused_by_the_launchers_agent(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path, cni_bundle: Path
+) -> None:
+    """Regression (issue 18, item 6), through the bundle's launcher: the agent at the launcher's socket refuses a
+    request larger than its max_request_bytes before reading which socket it names. That refusal is the answer only
+    when the config names that agent; a config naming another socket (here nobody's) is served standalone."""
+    agent.start("  max_request_bytes: 4096\n")
+    pod = f"/run/netns/{netns()}"
+    padding = {"padding": "x" * 6000}  # an unknown key: ignored by the plugin, counted by the agent's limit
+    other = {**netconf(tmp_path, tmp_path / "absent.sock"), **padding}
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "big", "CNI_IFNAME": "eth0",
+           "CNI_NETNS": pod, "CNI_PATH": "/usr/lib/cni", "NODEPLUG_CNI_SOCKET": str(agent.sock)}  # fmt: skip
+    launcher = ["ip", "netns", "exec", host, str(cni_bundle / "nodeplug")]
+    code, res, err = exec_plugin(launcher, other, env)
+    assert code == 0 and res["ips"][0]["address"].startswith("10.94.0."), (res, err)
+    assert "CNI request refused" in agent.log.read_text() and not agent.served("big")
+    mine = {**netconf(tmp_path, agent.sock), **padding}
+    code, res, _ = exec_plugin(launcher, mine, {**env, "CNI_CONTAINERID": "big2"})
+    assert code == 1 and res["code"] == 7 and "(4096 bytes: cni.max_request_bytes" in res["details"]
+    assert exec_plugin(launcher, other, {**env, "CNI_COMMAND": "DEL"})[0] == 0
+    assert leases(tmp_path) == []
 
 
 def test_standalone_add_then_thick_del_share_the_store(

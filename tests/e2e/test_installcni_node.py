@@ -67,9 +67,9 @@ class Node:
         return ["nsenter", f"--net=/run/netns/{self.hostns}", *argv]
 
     def cni(self, command: str, conf: dict[str, Any], **env: str) -> tuple[int, dict[str, Any]]:
-        # the launcher asks this node's agent socket, not the machine's default (a real agent may serve that one)
-        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"],
-                thick.ENV_SOCKET: str(self.socket), **env}  # fmt: skip
+        # no $NODEPLUG_CNI_SOCKET (no runtime sets it): the launcher asks the agent install-cni recorded for the
+        # conflist, this node's (under its root), not the machine's default (a real agent may serve that one)
+        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"], **env}
         code, out, _ = exec_plugin(self.nsenter(str(self.root / "opt/cni/bin/nodeplug")), conf, full)
         return code, out or {}
 
@@ -132,6 +132,8 @@ def test_standalone_then_thick_through_the_installed_bundle(
     # the cluster network: no per-pod masquerade (the agent masquerades what leaves the cluster CIDRs)
     assert conf["ipMasq"] is False and conf["socket"] == str(node.socket)
     assert conf["datapath"] == "routed"  # the shipped agent config's cni.datapath
+    record = node.root / "opt/cni/bin/nodeplug.d" / thick.SOCKET_RECORD
+    assert record.read_text() == f"{node.socket}\n"  # the conflist's socket, for the launcher (which reads no JSON)
     assert conf["ipam"]["nodeSubnets"] == str(node.subnets)
     if Path("/usr/lib/cni/loopback").exists():  # the image's reference plugins, put where the host has none
         assert (node.root / "opt/cni/bin/loopback").is_file() and (node.root / "opt/cni/bin/portmap").is_file()
