@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -180,6 +181,9 @@ def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(la
     for pod in (pods(lab, "bridge")[0], pods(lab, "routed")[0]):
         assert json.loads(pod.ns.ip("-j", "link", "show", "eth0"))[0]["mtu"] == 1450
     assert json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["mtu"] == 1450
+    if shutil.which("ethtool"):  # the checksum-offload workaround is on by default (cni.cluster.offload)
+        features = n1.ns.exec("ethtool", "-k", "nodeplug.vx")
+        assert "tx-checksum-ip-generic: off" in features, features
 
 
 def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
