@@ -85,6 +85,8 @@ def add(
                     configure_pod(nsr, netns, ifname, pod_index[0], ips, routes)
             if conf.routed:
                 routed.add_host_routes(nl, host_name, host_index, ips)
+                answered = routed.answer_on_bridge(nl, conf.bridge, ips)
+                undo.callback(quietly, routed.forget_on_bridge, nl, conf.bridge, answered)
             if conf.is_gateway or conf.routed:
                 _forwarding(families)
             if masquerade:
@@ -97,10 +99,13 @@ def add(
 
 
 def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, ips: Sequence[IPConfig]) -> None:
-    """Detach the pod; idempotent, and needs neither the netns nor ``ips`` (rules are found by their comment)."""
+    """Detach the pod; idempotent, and needs neither the netns nor ``ips`` (rules are found by their comment; the
+    bridge's proxy entries for a routed pod's ``ips`` are removed when given, else by GC)."""
     host_name = names.host_veth_name(container_id, ifname)
     with host_socket() as nl:
         link = get_link(nl, host_name)
+        if link is not None and not link.get("IFLA_MASTER"):  # routed: the bridge may answer for it
+            routed.forget_on_bridge(nl, conf.bridge, [ip.address.ip for ip in ips])
         recorded = names.alias_masq(str(link.get("IFLA_IFALIAS") or "")) if link is not None else None
         if not (conf.ip_masq if recorded is None else recorded):
             if link is not None:

@@ -23,9 +23,11 @@ from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import (
     NLM_F_CREATE,
     NLM_F_EXCL,
+    NLM_F_REPLACE,
     RTEXT_FILTER_SKIP_STATS,
     RTM_DELADDR,
     RTM_DELLINK,
+    RTM_DELNEIGH,
     RTM_GETADDR,
     RTM_GETLINK,
     RTM_GETNEIGH,
@@ -57,6 +59,7 @@ RTN_UNICAST = 1
 RT_TABLE_MAIN = 254
 RTNH_F_ONLINK = 4  # the gateway is on the link, whatever the link's addresses say
 NUD_PERMANENT = 0x80
+NTF_PROXY = 0x08  # a proxy neighbour entry: the kernel answers neighbour solicitations for the address
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
 
@@ -305,12 +308,14 @@ def routes(nl: Rtnl, family: int) -> list[Any]:
 # ---------------------------------------------------------------- neighbours
 
 
-def neigh_msg(index: int, ip: Any, mac: str = "") -> Any:
-    """An ndmsg for ``ip`` on link ``index``; with ``mac``, a permanent entry mapping it there."""
+def neigh_msg(index: int, ip: Any, mac: str = "", proxy: bool = False) -> Any:
+    """An ndmsg for ``ip`` on link ``index``; with ``mac``, a permanent entry mapping it there; ``proxy``: a proxy
+    entry (the link answers for ``ip``)."""
     msg = ndmsg()
     msg["family"] = AF_INET if ip.version == 4 else AF_INET6
     msg["ifindex"] = index
     msg["state"] = NUD_PERMANENT
+    msg["flags"] = NTF_PROXY if proxy else 0
     attrs: list[Attr] = [("NDA_DST", str(ip))]
     if mac:
         attrs.append(("NDA_LLADDR", mac))
@@ -321,6 +326,34 @@ def neigh_msg(index: int, ip: Any, mac: str = "") -> Any:
 def add_neighbour(nl: Rtnl, index: int, ip: Any, mac: str) -> None:
     """A permanent neighbour entry ``ip`` -> ``mac`` on link ``index`` (never resolved, never expires)."""
     nl.ack(neigh_msg(index, ip, mac), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_EXCL)
+
+
+def add_proxy(nl: Rtnl, index: int, ip: Any) -> None:
+    """Link ``index`` answers neighbour solicitations for ``ip`` (an existing entry is kept)."""
+    nl.ack(neigh_msg(index, ip, proxy=True), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE)
+
+
+def del_proxy(nl: Rtnl, index: int, ip: Any) -> bool:
+    """Remove the proxy entry for ``ip`` on link ``index``; False when there was none."""
+    try:
+        nl.ack(neigh_msg(index, ip, proxy=True), RTM_DELNEIGH)
+    except NetlinkError as e:
+        if e.code in (errno.ENOENT, errno.ENODEV):
+            return False
+        raise
+    return True
+
+
+def proxies(nl: Rtnl, index: int) -> list[Any]:
+    """The IPv6 addresses link ``index`` answers for (its proxy neighbour entries)."""
+    request = ndmsg()
+    request["family"] = AF_INET6
+    request["flags"] = NTF_PROXY
+    return [
+        ipaddress.ip_address(str(msg.get("NDA_DST")))
+        for msg in nl.dump(request, RTM_GETNEIGH, ndmsg)
+        if msg["ifindex"] == index and int(msg["flags"]) & NTF_PROXY and msg.get("NDA_DST")
+    ]
 
 
 def neighbours(nl: Rtnl, index: int) -> dict[str, tuple[str, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from cni.cluster import kernel, masq, teardown, uninstall
+from cni.cluster import kernel, masq, offload, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
@@ -101,21 +101,23 @@ def tx_checksum(ns: str) -> str:
 
 
 @pytest.mark.skipif(not shutil.which("ethtool"), reason="needs ethtool (Debian package ethtool; scripts/setup)")
-def test_vxlan_tx_checksum_offload_is_off_unless_asked_and_kept_as_configured(node: str) -> None:
-    """The checksum-offload workaround (cni.cluster.offload) on the real device: off by default, on when the config
-    says so, and set again when someone changes it behind the agent's back; the device itself is kept."""
+def test_vxlan_tx_checksum_offload_is_set_as_configured_and_kept_so(node: str) -> None:
+    """The checksum-offload workaround (cni.cluster.offload) on the real device: off or on as asked, set again when
+    someone changes it behind the agent's back, the device itself kept; ``auto`` leaves it on from kernel 5.7."""
 
-    def ensure(offload: bool) -> kernel.VxlanDevice:
+    def ensure(on: bool) -> kernel.VxlanDevice:
         return inside(node, lambda nl: kernel.ensure_vxlan(nl, "n1", 42, 4789, ip("192.168.50.1"),
                                                            kernel.underlay_of(nl, ip("192.168.50.1")),
-                                                           tx_checksum_offload=offload))  # fmt: skip
+                                                           tx_checksum_offload=on))  # fmt: skip
 
-    first = ensure(ClusterConfig().vxlan.tx_checksum_offload)
+    first = ensure(False)
     assert tx_checksum(node) == "off"
     sh("ip", "netns", "exec", node, "ethtool", "-K", kernel.VXLAN_DEVICE, "tx-checksum-ip-generic", "on")
     assert ensure(False).ifindex == first.ifindex and tx_checksum(node) == "off"
     assert ensure(True).ifindex == first.ifindex and tx_checksum(node) == "on"
-    assert ensure(True).ifindex == first.ifindex and tx_checksum(node) == "on"
+    auto = offload.wanted(ClusterConfig().vxlan.tx_checksum_offload)
+    assert auto == (tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (5, 7))
+    assert ensure(auto).ifindex == first.ifindex and tx_checksum(node) == ("on" if auto else "off")
 
 
 def auto_mode_state() -> State:

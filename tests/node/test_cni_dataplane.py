@@ -295,6 +295,31 @@ def test_routed_pods_on_one_node_talk_through_its_routing_table(routed_host: Hos
     assert node.ip("route", "show", "10.77.0.6") == []  # the host route went with the veth
 
 
+def test_a_node_moving_over_keeps_bridged_and_routed_pods_of_one_subnet_talking(
+    bridge_host: Host, pod: Callable[[], str]
+) -> None:
+    """A bridged pod sees its whole subnet on its link and asks for a routed pod's address there: the bridge answers
+    for the routed pods (proxy ARP, a proxy NDP entry each), until they are gone (DEL, or GC for one DEL missed)."""
+    node, bridged, routed = bridge_host, pod(), pod()
+    add(node, conf(), bridged, cid="old", ips=[v4(), v6()])
+    add(node, conf(datapath="routed"), routed, cid="new", ips=[v4("10.77.0.6/24"), v6("fd77::6/64")])
+    for src, dst in ((bridged, "10.77.0.6"), (bridged, "fd77::6"), (routed, "10.77.0.5"), (routed, "fd77::5")):
+        node.ping(src, dst)
+
+    def proxied() -> list[str]:
+        return [n["dst"] for n in node.ip("-6", "neigh", "show", "proxy", "dev", BR)]
+
+    assert proxied() == ["fd77::6"]
+    node.call(dataplane.delete, conf(), "new", None, "eth0", [v6("fd77::6/64")])
+    assert proxied() == []
+    add(node, conf(datapath="routed"), pod(), cid="gone", ips=[v6("fd77::7/64")])
+    node.sh("ip", "-n", node.name, "link", "delete", names.host_veth_name("gone", "eth0"))  # its DEL never came
+    assert proxied() == ["fd77::7"]
+    node.call(dataplane.gc, conf(), [("old", "eth0")])
+    assert proxied() == []
+    node.ping(bridged, "10.77.0.1")
+
+
 def test_two_pods_share_the_bridge_and_talk(bridge_host: Host, pod: Callable[[], str]) -> None:
     a, b = pod(), pod()
     add(bridge_host, conf(), a, cid="ca")
