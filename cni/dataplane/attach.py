@@ -104,7 +104,7 @@ def delete(conf: BridgeConf, container_id: str, netns: str | None, ifname: str, 
     host_name = names.host_veth_name(container_id, ifname)
     with host_socket() as nl:
         link = get_link(nl, host_name)
-        if link is not None and not link.get("IFLA_MASTER"):  # routed: the bridge may answer for it
+        if link is None or not link.get("IFLA_MASTER"):  # routed (or gone): the bridge may answer for it
             routed.forget_on_bridge(nl, conf.bridge, [ip.address.ip for ip in ips])
         recorded = names.alias_masq(str(link.get("IFLA_IFALIAS") or "")) if link is not None else None
         if not (conf.ip_masq if recorded is None else recorded):
