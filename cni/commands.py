@@ -6,10 +6,12 @@
 
 - ADD: the netns checked (``dataplane.check_netns``: a network namespace, not the host's; it never blocks, whatever
   the path names) -> IPAM (built in or delegated) -> routes resolved (each route's gateway filled in from its family's
-  address; default routes for ``isDefaultGateway``) -> ``dataplane.add`` -> the pod's addresses told to policy
-  enforcement (:class:`PodAddresses`: the pod's rules are in place, or its addresses quarantined, before ADD
-  answers). If a step fails, what the earlier ones did is undone (the interface removed, the lease released or the
-  delegate's DEL run) before the error is returned: a failed ADD leaves no lease.
+  address, on the routed datapath the link-local gateway of :mod:`cni.datapath`, which also gets a route to each
+  address's subnet; default routes for ``isDefaultGateway``) -> ``dataplane.add`` -> the pod's addresses told to
+  policy enforcement (:class:`PodAddresses`: the pod's rules are in place, or its addresses quarantined, before ADD
+  answers); on the routed datapath the result's addresses are host addresses (/32, /128) as the pod has them. If a
+  step fails, what the earlier ones did is undone (the interface removed, the lease released or the delegate's DEL
+  run) before the error is returned: a failed ADD leaves no lease.
 - DEL: the addresses (from the store, or prevResult for a delegate) -> ``dataplane.delete`` (idempotent; a missing
   netns or veth is fine) -> the addresses told freed to policy enforcement (out of every set, quarantined) ->
   release. The lease is only released once neither the dataplane nor a policy rule uses the address.
@@ -28,13 +30,15 @@ level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so
 - ``check_netns(netns)``: raises CniError 4 unless ``netns`` (a path) is a network namespace other than the host's;
   never blocks, whatever the path names (a FIFO, a device).
 
-- ``add(conf, container_id, netns, ifname, ips, routes) -> [bridge, host veth, container iface]``: makes the bridge
-  (if missing; gateway addresses from ``ips[].gateway`` with the address's prefix when ``conf.is_gateway``), the veth
-  pair (host end on the bridge; the other moved into ``netns`` (a path) and renamed ``ifname``), MTU, hairpin, promisc,
-  vlan, the ``ips`` addresses and exactly the ``routes`` given (the orchestration has already filled in each route's
-  ``gw`` and added the default routes for ``isDefaultGateway``; a route whose ``gw`` is None is a link route), loopback
-  up, DAD off on the pod side, forwarding sysctls, ipMasq rules. The ``IPConfig.interface`` indices the orchestration
-  puts in the Result point at index 2 of the returned list. On failure it undoes everything it did and raises
+- ``add(conf, container_id, netns, ifname, ips, routes) -> [bridge, host veth, container iface]`` (routed:
+  ``[host veth, container iface]``): makes the bridge (if missing; gateway addresses from ``ips[].gateway`` with the
+  address's prefix when ``conf.is_gateway``; none on the routed datapath), the veth pair (host end on the bridge, or
+  routed: a host route to each pod address on it; the other moved into ``netns`` (a path) and renamed ``ifname``),
+  MTU, hairpin, promisc, vlan, the ``ips`` addresses (routed: as host addresses, with the gateways' neighbour
+  entries) and exactly the ``routes`` given (the orchestration has already filled in each route's ``gw`` and added
+  the default routes for ``isDefaultGateway``; a route whose ``gw`` is None is a link route), loopback up, DAD off on
+  the pod side, forwarding sysctls, ipMasq rules. The ``IPConfig.interface`` indices the orchestration puts in the
+  Result point at the last interface of the returned list. On failure it undoes everything it did and raises
   :class:`cni.errors.CniError`.
 - ``delete(conf, container_id, netns | None, ifname, ips)``: idempotent; succeeds when the netns or the veth is gone;
   removes the ipMasq rules for ``ips``.
@@ -54,14 +58,13 @@ import ipaddress
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
+from cni import datapath
 from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError, quietly
 from cni.ipam import delegate, pluginmode, service
 from cni.ipam.service import StoreOpener
 from cni.netconf import BridgeConf, IpamPluginConf
 from cni.skel import Handler, Request
 from cni.types import Interface, IPAddress, IPConfig, Result, Route
-
-CONTAINER_IFACE_INDEX = 2  # dataplane.add returns [bridge, host veth, container interface]
 
 
 class PodAddresses(Protocol):
@@ -133,6 +136,16 @@ def resolve_routes(conf: BridgeConf, ips: Sequence[IPConfig], routes: Sequence[R
     return out
 
 
+def with_subnet_routes(ips: Sequence[IPConfig], routes: Sequence[Route]) -> list[Route]:
+    """Routed: each address's subnet via its gateway (unless a route names it already), so that a routed pod reaches
+    what a bridged one reaches on its link, whether or not it has a default route."""
+    out = list(routes)
+    for ip in ips:
+        if ip.gateway is not None and not any(r.dst == ip.address.network for r in out):
+            out.append(Route(ip.address.network, ip.gateway))
+    return out
+
+
 def _container_interface(prev: Result, ifname: str) -> None:
     """Code 7 unless prevResult (the result of ADD) names ``ifname`` with its sandbox, as ADD reports it."""
     if not any(i.name == ifname and i.sandbox for i in prev.interfaces):
@@ -195,17 +208,23 @@ class Commands:
                 ips = [ip._replace(interface=None) for ip in got.ips]
                 ipam_routes = got.routes
                 dns = dns or got.dns
+            if conf.routed:  # the pod's routes go via the link-local gateway, whatever the IPAM's subnets say
+                ips = [datapath.with_routed_gateway(ip) for ip in ips]
             routes = resolve_routes(conf, ips, ipam_routes)
+            if conf.routed:
+                routes = with_subnet_routes(ips, routes)
             interfaces = self.dp.add(conf, req.container_id, req.netns, req.ifname, ips, routes)
             if ips:
                 undo.callback(quietly, self.dp.delete, conf, req.container_id, req.netns, req.ifname, ips)
                 args = req.args
                 self.addresses.added(args.k8s_pod_namespace, args.k8s_pod_name, args.k8s_pod_uid, _texts(ips))
             undo.pop_all()
+        if conf.routed:
+            ips = [datapath.host_address(ip) for ip in ips]
         return Result(
             cni_version=conf.cni_version,
             interfaces=tuple(interfaces),
-            ips=tuple(ip._replace(interface=CONTAINER_IFACE_INDEX) for ip in ips),
+            ips=tuple(ip._replace(interface=len(interfaces) - 1) for ip in ips),
             routes=tuple(routes),
             dns=dns,
         )

@@ -44,7 +44,7 @@ from lightkube.resources.core_v1 import Endpoints, Node
 from lightkube.types import PatchType
 from prometheus_client import Counter, Gauge, Histogram
 
-from cni.cluster import kernel, masq, teardown, uninstall
+from cni.cluster import kernel, masq, offload, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import (
     NETWORK_UNAVAILABLE,
@@ -446,7 +446,9 @@ class ClusterNetwork:
                 kernel.remove_vxlan(nl)
             out.mtu = underlay.mtu if underlay is not None else None
         elif underlay is not None and local_ip is not None:
-            vx = kernel.ensure_vxlan(nl, self.node, self.cfg.vxlan.vni, self.cfg.vxlan.port, local_ip, underlay)
+            vxlan = self.cfg.vxlan
+            vx = kernel.ensure_vxlan(nl, self.node, vxlan.vni, vxlan.port, local_ip, underlay,
+                                     tx_checksum_offload=offload.wanted(vxlan.tx_checksum_offload))  # fmt: skip
             if vx.created:
                 self.log.info("created the VXLAN device", device=kernel.VXLAN_DEVICE, mac=vx.mac, local=str(local_ip))
                 full = True  # entries of an earlier device are gone with it

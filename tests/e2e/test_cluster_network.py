@@ -2,8 +2,9 @@
 
 Five nodes, each a network namespace with its own agent: node-1..3 on one L2 segment, node-4 behind a router on
 another subnet (so ``auto`` mode routes 1..3 among themselves directly and to and from node-4 over VXLAN), node-5 on
-the segment but registered without a podCIDR. One pod per node, ADDed through the node's CNI entry point. Runs in
-one module-scoped lab (about a minute to build); every test leaves the lab as it found it.
+the segment but registered without a podCIDR. Two pods on each of node-1..4, ADDed through the node's CNI entry point:
+one on the bridge datapath, one on the routed datapath (connectivity and masquerade are tested on each). Runs in one
+module-scoped lab (about a minute to build); every test leaves the lab as it found it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cni.cluster import offload
 
 from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
 
@@ -88,8 +92,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             node.start()
         for node in lab.nodes[:4]:
             node.wait_ready()
-        for node in lab.nodes[:4]:
-            lab.add_pod(node)
+        for datapath in ("bridge", "routed"):
+            for node in lab.nodes[:4]:
+                lab.add_pod(node, datapath)
         servers = [WhoAmI(p.ns) for p in lab.pods] + [WhoAmI(next(n for n in lab.netns if n.name.endswith("-out")))]
         try:
             yield lab
@@ -100,15 +105,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 print(f"----- {node.name} agent log (tail)\n{node.log_tail(3000)}")
 
 
-def pods(lab: Lab) -> list[Pod]:
-    return lab.pods[:4]
+def pods(lab: Lab, datapath: str = "bridge") -> list[Pod]:
+    """The pod of each of the first four nodes on ``datapath``."""
+    return [p for p in lab.pods[:8] if p.datapath == datapath]
 
 
-def all_pairs_connected(lab: Lab) -> list[str]:
-    """Every ordered pod pair, both families: ICMP and TCP; the source address arrives unchanged."""
+def all_pairs_connected(lab: Lab, datapath: str = "bridge") -> list[str]:
+    """Every ordered pod pair of ``datapath``, both families: ICMP and TCP; the source address arrives unchanged."""
     failures = []
-    for a in pods(lab):
-        for b in pods(lab):
+    for a in pods(lab, datapath):
+        for b in pods(lab, datapath):
             if a is b:
                 continue
             for src, dst in ((a.ip4, b.ip4), (a.ip6, b.ip6)):
@@ -144,8 +150,19 @@ def neigh(node: Node) -> dict[str, str]:
 # ---------------------------------------------------------------- connectivity and paths
 
 
-def test_every_pod_reaches_every_pod_on_every_node_in_both_families_with_its_source_kept(lab: Lab) -> None:
-    assert all_pairs_connected(lab) == []
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_every_pod_reaches_every_pod_on_every_node_in_both_families_with_its_source_kept(
+    lab: Lab, datapath: str
+) -> None:
+    assert all_pairs_connected(lab, datapath) == []
+
+
+def test_pods_of_either_datapath_reach_each_other_across_nodes(lab: Lab) -> None:
+    """A node moving to the routed datapath keeps its bridged pods: they and the routed pods of other nodes talk."""
+    bridged, routed = pods(lab, "bridge"), pods(lab, "routed")
+    for a, b in [(bridged[0], routed[1]), (routed[1], bridged[0]), (routed[3], bridged[2]), (bridged[2], routed[3])]:
+        assert pings(a.ns, b.ip4) and pings(a.ns, b.ip6), (a.node.name, a.datapath, b.node.name, b.datapath)
+        assert seen_by(a.ns, b.ip4) == a.ip4
 
 
 def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(lab: Lab) -> None:
@@ -163,8 +180,8 @@ def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(la
     # node-4 reaches all three over VXLAN; node-5 (no podCIDR yet) is nobody's route
     assert {d for d, r in routes(n4, 4).items() if r["dev"] == "nodeplug.vx"} == {f"10.244.{i}.0/24" for i in (1, 2, 3)}
     # the pod MTU leaves room for the VXLAN headers (underlay 1500)
-    mtu = json.loads(lab.pods[0].ns.ip("-j", "link", "show", "eth0"))[0]["mtu"]
-    assert mtu == 1450
+    for pod in (pods(lab, "bridge")[0], pods(lab, "routed")[0]):
+        assert json.loads(pod.ns.ip("-j", "link", "show", "eth0"))[0]["mtu"] == 1450
     assert json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["mtu"] == 1450
 
 
@@ -190,12 +207,36 @@ def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
         n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "110")
 
 
-def test_pod_traffic_leaving_the_cluster_is_masqueraded(lab: Lab) -> None:
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_pod_traffic_leaving_the_cluster_is_masqueraded(lab: Lab, datapath: str) -> None:
     out_ns = next(n for n in lab.netns if n.name.endswith("-out"))
-    for pod in pods(lab):
+    for pod in pods(lab, datapath):
         assert seen_by(pod.ns, OUTSIDE) == pod.node.ip4
         assert seen_by(pod.ns, "fd99::10") == pod.node.ip6
     assert out_ns is not None
+
+
+def tx_checksum(node: Node) -> str:
+    out = node.ns.exec("ethtool", "-k", "nodeplug.vx")
+    return next(line.split(":")[1].split()[0] for line in out.splitlines() if "tx-checksum-ip-generic" in line)
+
+
+@pytest.mark.skipif(not shutil.which("ethtool"), reason="needs ethtool (Debian package ethtool; scripts/setup)")
+def test_the_vxlan_checksum_offload_follows_the_config(lab: Lab) -> None:
+    """``auto`` (the default) leaves it on from kernel 5.7 (cni.cluster.offload); ``false`` turns it off, through a
+    config reload, and VXLAN traffic flows either way."""
+    n1, n4 = lab.nodes[0], lab.nodes[3]
+    assert tx_checksum(n1) == ("on" if offload.wanted("auto") else "off")
+    try:
+        for node in (n1, n4):
+            node.write_config("auto", "  vxlan: {tx_checksum_offload: false}\n")
+        wait_for("offload off", lambda: tx_checksum(n1) == tx_checksum(n4) == "off", timeout=HANG)
+        p1, p4 = pods(lab, "routed")[0], pods(lab, "routed")[3]
+        assert seen_by(p1.ns, p4.ip4) == p1.ip4 and seen_by(p4.ns, p1.ip6) == p4.ip6
+    finally:
+        for node in (n1, n4):
+            node.write_config("auto")
+    wait_for("offload as auto says", lambda: tx_checksum(n1) == ("on" if offload.wanted("auto") else "off"), HANG)
 
 
 # ---------------------------------------------------------------- a node without a podCIDR

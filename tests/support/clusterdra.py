@@ -51,7 +51,23 @@ def dra_on(cluster: Cluster) -> Iterator[None]:
     try:
         yield
     finally:
+        # The module's namespaces are being deleted (without waiting): a pod holding one of the driver's claims only
+        # goes once the driver has unprepared it, so the driver stays until every such claim is gone; turned off
+        # before, its pods stay Terminating for good.
+        cluster.wait("the driver's claims released", lambda: not claims_of_driver(cluster), 180,
+                     explain=f"left: {claims_of_driver(cluster)}")  # fmt: skip
         put(original)
+
+
+def claims_of_driver(cluster: Cluster) -> list[str]:
+    """ResourceClaims (any namespace) allocated from this driver's devices."""
+    claims = cluster.get("resourceclaims", "--all-namespaces").get("items", [])
+    return [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in claims
+        if any(r.get("driver") == DRIVER for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {})
+               .get("results") or ())
+    ]  # fmt: skip
 
 
 @pytest.fixture
