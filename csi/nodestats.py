@@ -80,7 +80,16 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
     return replace(fs, total_bytes=total, available_bytes=avail, used_bytes=used)
 
 
+def in_use(host: NodeHost, v: Volume) -> bool:
+    """A pod has the volume: any publish record (kubelet expands a volume it is mounting right after staging it,
+    before it publishes it to the pod)."""
+    return bool(host.store.list_publishes(v.volume_id))
+
+
 def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
+    """Grow the volume's filesystem to fill its (grown) backing: xfs online (xfs_growfs needs no capability); ext4
+    offline when no pod has it published (:meth:`NodeHost.grow_unused`), online otherwise, which needs
+    CAP_SYS_RESOURCE."""
     v = host.volume(volume_id)
     rec, _ = where(host, v, path)
     host.check_kind(v, kind, "")  # a block capability for a filesystem volume would skip growing the filesystem
@@ -99,6 +108,8 @@ def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: i
         raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
     if v.fs_type == "xfs":
         fileops.cmd(["xfs_growfs", rec.staging_path], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
+    elif not in_use(host, v) and host.grow_unused(v, Path(rec.staging_path), device):
+        host.log.info("grown offline: no pod has it published", volume_id=v.volume_id)
     else:
         try:
             run(["resize2fs", device], FS_TIMEOUT)
