@@ -270,7 +270,8 @@ class DraDriver:
     def allocated(self, resource: str, entries: list[Listed]) -> None:
         if self.view.allocated(resource, entries) and self.publisher is not None:
             self.publisher.kick()
-        if self.view.holds.held and not any(t.get_name() == "dra-holds" for t in self._tasks):
+        if self.view.holds.held and not any(t.get_name() == "dra-holds" and not t.done() for t in self._tasks):
+            self._tasks = [t for t in self._tasks if not t.done()]
             self._tasks.append(asyncio.create_task(self._poll_holds(), name="dra-holds"))
 
     def apply_holds(self) -> None:
@@ -350,21 +351,21 @@ class DraDriver:
         await asyncio.sleep(delay)
 
     async def _poll_holds(self) -> None:
-        """While anything is shared both ways: read kubelet's pod resources, release or take holds."""
+        """Read kubelet's pod resources, release or take holds, while anything is held (and once at start, which
+        finds the holds of pods that kept their devices through an agent restart): the next Allocate of a resource
+        offered both ways starts it again."""
         warned = False
-        while True:
-            shared = self.view.shared()
-            if shared:
-                try:
-                    using = await podresources.in_use(self.pod_resources)
-                except Exception as e:  # keep every hold: a device is never offered twice
-                    if not warned:
-                        self.log.warning(
-                            "kubelet pod-resources API not readable; device-plugin holds kept", error=str(e)
-                        )
-                        warned = True
-                else:
-                    warned = False
-                    if self.view.holds.reconcile(using, shared, time.monotonic()):
-                        self.changed()
+        while shared := self.view.shared():
+            try:
+                using = await podresources.in_use(self.pod_resources)
+            except Exception as e:  # keep every hold: a device is never offered twice
+                if not warned:
+                    self.log.warning("kubelet pod-resources API not readable; device-plugin holds kept", error=str(e))
+                    warned = True
+            else:
+                warned = False
+                if self.view.holds.reconcile(using, shared, time.monotonic()):
+                    self.changed()
+                if not self.view.holds.held:
+                    return
             await asyncio.sleep(POLL_SECONDS)
