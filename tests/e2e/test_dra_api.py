@@ -312,3 +312,32 @@ def test_auto_is_off_where_the_api_server_has_no_resource_api(cluster: Cluster, 
     finally:
         cluster.cp.stop("apiserver")
         cluster.api = start_apiserver(cluster.cp)
+
+
+def test_a_shared_device_is_shared_replica_by_replica(cluster: Cluster, agent: Agent) -> None:
+    """replicas: 3, offered both ways: three devices in the slice; a replica the device plugin hands out leaves the
+    slice, a replica a claim holds is unhealthy to the device plugin, and the device's third replica stays offered
+    on both sides."""
+    agent.write_config(offer="both", replicas=3)
+    agent.mknod("npw0")
+    agent.start()
+    every = {"widget-npw0-0", "widget-npw0-1", "widget-npw0-2"}
+    wait_for("the three replicas in the slice", lambda: set(cluster.devices()) == every, HANG)
+    dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+
+    async def allocate(replica: str) -> Any:
+        async with grpc.aio.insecure_channel(f"unix://{dp_sock}") as ch:
+            req = dp_pb2.AllocateRequest(container_requests=[dp_pb2.ContainerAllocateRequest(devices_ids=[replica])])
+            return await dp_grpc.DevicePluginStub(ch).Allocate(req, timeout=10)
+
+    run(allocate("npw0::1"))
+    wait_for("the allocated replica withheld", lambda: set(cluster.devices()) == every - {"widget-npw0-1"}, HANG)
+    uid = make_claim(cluster, "c1", "widget-npw0-2")
+    got = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid)])).claims[uid]
+    assert got.error == "" and [d.device_name for d in got.devices] == ["widget-npw0-2"]
+    assert run(_listing(dp_sock)) == {"npw0::0": "Healthy", "npw0::1": "Healthy", "npw0::2": "Unhealthy"}
+    late = make_claim(cluster, "c2", "widget-npw0-1")  # from a slice read before the Allocate
+    assert "in use through the device plugin" in run(_dra(agent.dra_socket, "v1beta1", "prepare",
+                                                          [(NS, "c2", late)])).claims[late].error  # fmt: skip
+    assert run(_dra(agent.dra_socket, "v1beta1", "unprepare", [(NS, "c1", uid)])).claims[uid].error == ""
+    assert run(_listing(dp_sock))["npw0::2"] == "Healthy"
