@@ -182,6 +182,8 @@ class NodeHost:
         device, attached = loopdev.attach(backing)
         if attached:
             undo.callback(loopdev.detach, device)
+        else:  # attached before (a restart): it may not know its file grew since
+            loopdev.refresh_size(device)
         if v.is_block:
             return device
         fs = v.fs_type or "ext4"  # the volume's, never the request's (an unchecked name would pick the mkfs run)
