@@ -81,8 +81,8 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
 
 
 def in_use(host: NodeHost, v: Volume) -> bool:
-    """A pod has the volume: any publish record (kubelet expands a volume it is mounting right after staging it,
-    before it publishes it to the pod)."""
+    """A pod has the volume: any publish record (a kubelet that expands a volume it is mounting right after staging
+    it calls before any publish)."""
     return bool(host.store.list_publishes(v.volume_id))
 
 

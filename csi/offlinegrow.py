@@ -3,8 +3,9 @@
 Online growth (``resize2fs`` on a mounted ext4) goes through an ioctl that needs ``CAP_SYS_RESOURCE``, which an
 agent in a container or a sandbox may lack; offline growth needs no capability, only an unmounted filesystem, and
 ``resize2fs`` requires ``e2fsck -f`` first. The node service grows offline whenever nothing but its own staging
-mount holds the volume: at NodeStageVolume before mounting, and at NodeExpandVolume when no pod has the volume
-published (kubelet expands a volume right after staging it, before any pod gets it).
+mount holds the volume: at NodeStageVolume before mounting (a backing file that grew while the volume was not
+staged, or that stage grows to the size the claim's PV gives, :mod:`csi.pvsize`), and at NodeExpandVolume when no
+pod has the volume published (kubelets that expand right after staging, before publishing).
 
 ``resize2fs`` rewrites the superblock, group descriptors and bitmaps in place, so a grow killed half-way leaves a
 filesystem that is neither the old one nor the new one, and whose superblock may already state the new size. A

@@ -129,8 +129,9 @@ def test_expand_online(cluster: Cluster, ns: str, storage_class: str, request: p
 
 
 def test_expand_while_unused_then_the_next_pod_sees_it(cluster: Cluster, ns: str) -> None:
-    """nodeplug-local (ext4) grown while no pod uses it: kubelet expands it when the next pod mounts it, right after
-    staging it, and the agent grows the filesystem offline then (unmounted), which needs no CAP_SYS_RESOURCE."""
+    """nodeplug-local (ext4) grown while no pod uses it: when the next pod mounts it, NodeStageVolume reads the new
+    size from the claim's PV and grows the volume, its filesystem offline before mounting it (no CAP_SYS_RESOURCE
+    needed), and kubelet's NodeExpandVolume (1.32: after publishing) finds it grown."""
     cluster.apply(ns, claim("data", "nodeplug-local", "64Mi"),
                   cluster.pod("first", volumeMounts=[MOUNT], volumes=volume("data")))  # fmt: skip
     cluster.wait_running(ns, "first")

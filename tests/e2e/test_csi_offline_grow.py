@@ -1,10 +1,12 @@
-"""ext4 volumes grow without CAP_SYS_RESOURCE where they can: the whole agent (CSI only) on a temporary root, driven
-over its CSI socket in the order kubelet uses for a claim expanded while no pod used it (node-only expansion: the
-next pod's NodeStageVolume, then NodeExpandVolume at the staging path, then NodePublishVolume). Nothing but the
-agent's own staging mount holds the volume then, so its filesystem is grown offline (unmounted: e2fsck -f,
-resize2fs), which this machine's root can do although it cannot grow a mounted ext4. A volume a pod has published
-is grown online, never unmounted under the pod. And a kill -9 of the agent (with the commands it runs) in the
-middle of resize2fs leaves a volume that the next NodeStageVolume stages, repaired and grown, data intact.
+"""ext4 volumes grow without CAP_SYS_RESOURCE where they can: the whole agent (CSI only, no API server) on a temporary
+root, driven over its CSI socket in the order a kubelet that expands right after staging uses for a claim expanded
+while no pod used it (node-only expansion: the next pod's NodeStageVolume, then NodeExpandVolume at the staging
+path, then NodePublishVolume; kubelet 1.32 publishes first, and the volume is grown at stage from its PV, which the
+cluster tier proves). Nothing but the agent's own staging mount holds the volume then, so its filesystem is grown
+offline (unmounted: e2fsck -f, resize2fs), which this machine's root can do although it cannot grow a mounted ext4.
+A volume a pod has published is grown online, never unmounted under the pod. And a kill -9 of the agent (with the
+commands it runs) in the middle of resize2fs leaves a volume that the next NodeStageVolume stages, repaired and
+grown, data intact.
 """
 
 from __future__ import annotations
