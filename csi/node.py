@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from csi import nodestats
 from csi.config import TOPOLOGY_KEY, Config
@@ -48,7 +48,6 @@ from csi.noderequests import (
     checked_path,
     lookup_path,
 )
-from csi.pvsize import PvSizes
 from nodeplug.api.csi.v1 import csi_pb2, csi_pb2_grpc
 
 T = TypeVar("T")
@@ -58,6 +57,9 @@ SINGLE_TARGET_MODES = frozenset(
     {_Mode.SINGLE_NODE_WRITER, _Mode.SINGLE_NODE_READER_ONLY, _Mode.SINGLE_NODE_SINGLE_WRITER}
 )
 
+
+if TYPE_CHECKING:  # lightkube is loaded only by an agent that follows an API server
+    from csi.pvsize import PvSizes
 
 CapabilityRequest = csi_pb2.NodeStageVolumeRequest | csi_pb2.NodePublishVolumeRequest | csi_pb2.NodeExpandVolumeRequest
 

@@ -29,7 +29,6 @@ from csi.groupcontroller import GroupControllerServicer
 from csi.identity import IdentityServicer
 from csi.node import NodeServicer
 from csi.nodehost import NodeHost
-from csi.pvsize import PvSizes
 from csi.state import StateStore
 from csi.volumes import VolumeManager
 from nodeplug.api.csi.v1 import csi_pb2_grpc
@@ -86,7 +85,11 @@ class CsiPlugin:
         self.missing = await asyncio.to_thread(reconcile, self.manager, self.log, self._event)
         kubelet_dir = root(cfg.kubelet_dir)
         host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
-        pv_sizes = PvSizes(self.ctx.kube, cfg.driver_name, self.log) if self.ctx.kube is not None else None
+        pv_sizes = None
+        if self.ctx.kube is not None:  # lightkube is loaded only by an agent that follows an API server
+            from csi.pvsize import PvSizes
+
+            pv_sizes = PvSizes(self.ctx.kube, cfg.driver_name, self.log)
         server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
         server.add(csi_pb2_grpc.add_IdentityServicer_to_server, IdentityServicer(cfg.driver_name, self._probe))
         server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager))
