@@ -95,13 +95,18 @@ class CsiPlugin:
         self.missing = await asyncio.to_thread(reconcile, self.manager, self.log, self._event)
         kubelet_dir = root(cfg.kubelet_dir)
         host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
+        pv_sizes = None
+        if self.ctx.kube is not None:  # lightkube is loaded only by an agent that follows an API server
+            from csi.pvsize import PvSizes
+
+            pv_sizes = PvSizes(self.ctx.kube, cfg.driver_name, self.log)
         server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
         server.add(csi_pb2_grpc.add_IdentityServicer_to_server, IdentityServicer(cfg.driver_name, self._probe))
         server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager))
         server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager))
         server.add(
             csi_pb2_grpc.add_NodeServicer_to_server,
-            NodeServicer(cfg, host, self.manager.locks, kubelet_dir),
+            NodeServicer(cfg, host, self.manager.locks, kubelet_dir, pv_sizes),
         )
         await server.start()
         self._server = server

@@ -136,7 +136,14 @@ class Node:
 
 class Pod:
     def __init__(
-        self, node: Node, ns: Netns, cid: str, result: Any, namespace: str = "", name: str = "", datapath: str = "bridge"
+        self,
+        node: Node,
+        ns: Netns,
+        cid: str,
+        result: Any,
+        namespace: str = "",
+        name: str = "",
+        datapath: str = "bridge",
     ) -> None:
         self.node, self.ns, self.cid, self.datapath = node, ns, cid, datapath
         self.namespace, self.name = namespace, name

@@ -7,6 +7,7 @@ of the agent's service account bound to the Node (so RBAC and the admission poli
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ NODE = "dra-node"
 DRIVER = "devices.nodeplug.io"
 NS = "demo"
 SLICES = f"/apis/resource.k8s.io/v1beta1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+HTTP_PORT = 9450  # the agent's /readyz, in the cluster's network namespace (one agent at a time there)
 DRA_FLAGS = ["--feature-gates=DynamicResourceAllocation=true", "--runtime-config=resource.k8s.io/v1beta1=true"]
 
 
@@ -117,13 +119,34 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.write_config()
 
-    def write_config(self, enabled: bool = True, offer: str = "both", csi: bool = False) -> None:
+    def write_config(
+        self, enabled: bool | str = True, offer: str = "both", replicas: int = 1, csi: bool = False
+    ) -> None:
+        """``enabled``: True, False or "auto"; ``csi``: the CSI driver on too."""
         self.config.write_text(
-            f"http: {{address: 127.0.0.1:0}}\nshutdown_grace_seconds: 2\ncsi: {{enabled: {str(csi).lower()}}}\n"
-            "cni: {enabled: false}\n"
+            f"http: {{address: 127.0.0.1:{HTTP_PORT}}}\nshutdown_grace_seconds: 2\n"
+            f"csi: {{enabled: {str(csi).lower()}}}\ncni: {{enabled: false}}\ncluster_network: {{enabled: false}}\n"
             f"deviceplugin:\n  host_root: {self.host}\n  dra: {{enabled: {str(enabled).lower()}}}\n"
-            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}}}\n"
+            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}, replicas: {replicas}}}\n"
         )
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET ``path`` from the agent's health server (in the cluster's namespace); (0, error) when it does not
+        answer."""
+
+        def go() -> tuple[int, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", HTTP_PORT, timeout=5)
+            try:
+                conn.request("GET", path)
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                conn.close()
+
+        try:
+            return self.cluster.ns.call(go)  # type: ignore[no-any-return]
+        except OSError as e:
+            return 0, str(e)
 
     def mknod(self, name: str) -> None:
         os.mknod(self.host / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(1, 3))
