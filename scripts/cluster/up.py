@@ -17,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from cluster import assets, down, images, node, pki, proxy
+from cluster import assets, down, e2eimages, images, node, pki, proxy
 from cluster.common import (
     CNI_CONF_DIR,
     HOST_PATHS,
@@ -174,7 +174,7 @@ def up(cluster_dir: Path) -> Path:
     # Binaries and images first: they need no lock (podman serialises its own storage), and are ready when it comes.
     log(f"unpacking binaries from {KUBE_ASSETS}")
     bins = assets.all_binaries()
-    archives = images.all_images()
+    archives = [*images.all_images(), *e2eimages.all_images()]  # the suites' images too (scripts/conformance)
     lock, before = take_lock(cluster_dir)
     leftovers(before)
     cluster_dir.mkdir(parents=True, exist_ok=True)
