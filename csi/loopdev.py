@@ -53,24 +53,30 @@ def _backing_id(device: str) -> tuple[int, int] | None:
 def attached_to(device: str, name: str, backing: Path) -> bool:
     """Whether loop ``device``, whose backing file sysfs names ``name``, is attached to the file ``backing``.
 
-    sysfs names the backing file by its path as seen through the mount it was opened through. When that mount is
-    gone (the agent's container, and with it its mount of the host's state directory, ended since: an agent
-    restart), the name is only the part below that mount (``/csi/volumes/<id>.img``); such a device is this file's
-    when the kernel says it is attached to this file's device and inode (LOOP_GET_STATUS64)."""
-    return _attached(device, name, os.path.realpath(backing))
+    sysfs names the backing file by its path as seen through the mount it was opened through, which says little:
+    - when that mount is gone (the agent's container, and with it its mount of the host's state directory, ended
+      since: an agent restart), the name is only the part below that mount (``/csi/volumes/<id>.img``);
+    - another mount namespace's file has the very same name when that namespace mounts something else at the same
+      path (several nodes on one machine, each with its own ``/var/lib/nodeplug``; loop devices are machine-wide).
+    So a device whose name is the file's path, or ends with it, is this file's only when the kernel says it is
+    attached to this file's device and inode (LOOP_GET_STATUS64)."""
+    return _attached(device, name, os.path.realpath(backing), _file_id(os.path.realpath(backing)))
 
 
-def _attached(device: str, name: str, want: str) -> bool:
-    """:func:`attached_to` with the backing file's real path ``want`` resolved once by the caller."""
-    if name == want:
-        return True
-    if not want.endswith(name) or os.path.basename(name) != os.path.basename(want):
-        return False
+def _file_id(path: str) -> tuple[int, int] | None:
     try:
-        st = os.stat(want)
+        st = os.stat(path)
     except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _attached(device: str, name: str, want: str, want_id: tuple[int, int] | None) -> bool:
+    """:func:`attached_to` with the backing file's real path ``want`` and its (device, inode) resolved once by the
+    caller."""
+    if name != want and (not want.endswith(name) or os.path.basename(name) != os.path.basename(want)):
         return False
-    return _backing_id(device) == (st.st_dev, st.st_ino)
+    return want_id is not None and _backing_id(device) == want_id
 
 
 def _backing_name(loop_dir: Path) -> str:
@@ -101,10 +107,11 @@ def devices_of(
     """Every loop device attached to ``backing``, as (device, read-only), from sysfs (no command run; a device whose
     name only ends like the file's is checked by :func:`attached_to`). ``devices``: :func:`attached`, already read."""
     want = os.path.realpath(backing)  # once: a host with many volumes has as many attached devices to compare
+    want_id = _file_id(want)
     found = []
     for dev, name in devices if devices is not None else attached(sys_block):
         try:
-            if _attached(dev, name, want):
+            if _attached(dev, name, want, want_id):
                 found.append((dev, _read_only(sys_block / os.path.basename(dev))))
         except OSError:
             continue

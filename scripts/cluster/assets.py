@@ -8,7 +8,7 @@ from cluster.common import CACHE, KUBE_ASSETS, ClusterError
 from cluster.kubecache import unpack
 
 BINARIES = [
-    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy",
     "containerd", "containerd-shim-runc-v2", "ctr", "crictl",
     "csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller",
 ]  # fmt: skip

@@ -89,7 +89,9 @@ def remove_pods(state: State) -> None:
 def kill_all(state: State) -> None:
     pids = state.data.get("pids", {})
     assert isinstance(pids, dict)
-    for name in ("kubelet", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+    daemons = ("kubelet", "kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+               "etcd")  # fmt: skip
+    for name in daemons:
         pid = pids.get(name)
         if isinstance(pid, int) and alive(pid) and _in_cluster(pid):
             stop(pid, 10 if name != "kubelet" else 2)

@@ -184,7 +184,7 @@ def nodeplug_image() -> Path:
 # ---------------------------------------------------------------- images of one binary or a busybox root
 
 
-def _import(name: str, files: dict[str, Path | str], changes: list[str], k: str) -> Path:
+def rootfs_image(name: str, files: dict[str, Path | str], changes: list[str], k: str) -> Path:
     """An image whose root holds ``files`` (path in image -> host file, or -> symlink target when a str)."""
     archive = IMAGES / f"{name.rsplit('/', 1)[-1].replace(':', '-')}-{k}.tar"
     if archive.exists():
@@ -218,21 +218,27 @@ def busybox_files() -> dict[str, Path | str]:
     return files
 
 
-def busybox_images() -> list[Path]:
+# The sandbox holds the pod's namespaces until it is stopped: PID 1 waits and exits on SIGTERM.
+WAIT_FOR_SIGTERM = json.dumps(["/bin/sh", "-c", 'trap "exit 0" TERM INT; sleep 2147483647 & wait'])
+
+
+def busybox_image(name: str, changes: list[str], tag: str) -> Path:
+    """An image of busybox and its applet links, with root and nobody in /etc/passwd; cached by busybox's digest and
+    ``tag`` (the caller's recipe)."""
     files = busybox_files()
-    k = key(kubecache.digest(Path("/bin/busybox")), "v1")
-    etc = Path(tempfile.mkdtemp(prefix="npc-etc-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="npc-etc-") as tmp:
+        etc = Path(tmp)
         (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
         (etc / "group").write_text("root:x:0:\nnobody:x:65534:\n")
         files |= {"etc/passwd": etc / "passwd", "etc/group": etc / "group"}
-        workload = _import(BUSYBOX, files, ['CMD ["sh"]'], k)
-        # The sandbox holds the pod's namespaces until it is stopped: PID 1 waits and exits on SIGTERM.
-        wait = json.dumps(["/bin/sh", "-c", 'trap "exit 0" TERM INT; sleep 2147483647 & wait'])
-        pause = _import(PAUSE, files, [f"ENTRYPOINT {wait}"], k)
-    finally:
-        shutil.rmtree(etc)
-    return [workload, pause]
+        return rootfs_image(name, files, changes, key(kubecache.digest(Path("/bin/busybox")), tag))
+
+
+def busybox_images() -> list[Path]:
+    return [
+        busybox_image(BUSYBOX, ['CMD ["sh"]'], "v1"),
+        busybox_image(PAUSE, [f"ENTRYPOINT {WAIT_FOR_SIGTERM}"], "v1"),
+    ]
 
 
 def sidecar_images() -> list[Path]:
@@ -240,7 +246,7 @@ def sidecar_images() -> list[Path]:
     for binary, name in SIDECARS.items():
         path = assets.binary(binary)
         entry = json.dumps([f"/{binary}"])
-        out.append(_import(name, {binary: path}, [f"ENTRYPOINT {entry}"], key(path.parent.name)))
+        out.append(rootfs_image(name, {binary: path}, [f"ENTRYPOINT {entry}"], key(path.parent.name)))
     return out
 
 

@@ -2,9 +2,9 @@
 daemons' configurations, and starting them.
 
 Every daemon runs in the network namespace NETNS (only the host end of one veth pair is outside it): etcd on its
-127.0.0.1; the API server on 0.0.0.0 there, advertising NODE_ADDR; kubelet and containerd, so host-network pods (the
-nodeplug agent) share that namespace and the pod bridge, its masquerading rules and the stand-in for the
-``kubernetes`` Service all live and die there. The mount namespace is the host's: kubelet's directory, nodeplug's
+127.0.0.1; the API server on 0.0.0.0 there, advertising NODE_ADDR; kubelet, containerd and kube-proxy, so host-network
+pods (the nodeplug agent) share that namespace and the pod bridge, its masquerading rules and kube-proxy's Service
+rules all live and die there. The mount namespace is the host's: kubelet's directory, nodeplug's
 state and the CNI binaries are at their real paths, as on any node.
 """
 
@@ -59,29 +59,6 @@ def make_netns(state: State) -> None:
     # The route kubelet and the pod network take for "the node's default interface" (nothing answers beyond it).
     run(["ip", "-n", NETNS, "route", "add", "default", "via", HOST_ADDR])
     run(in_netns(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
-
-
-def service_standin(kubectl: list[str]) -> None:
-    """What kube-proxy would program for the ``kubernetes`` Service (there is no kube-proxy here): DNAT from its
-    ClusterIP and port to the endpoints its EndpointSlice lists, for pods (prerouting) and host-network pods
-    (output). Nothing else in the test cluster is reached through a Service."""
-    svc = json.loads(run([*kubectl, "-n", "default", "get", "service", "kubernetes", "-o", "json"]))
-    slices = json.loads(run([*kubectl, "-n", "default", "get", "endpointslices", "-l",
-                             "kubernetes.io/service-name=kubernetes", "-o", "json"]))  # fmt: skip
-    ip = svc["spec"]["clusterIP"]
-    port = next(p for p in svc["spec"]["ports"] if p["name"] == "https")["port"]
-    eps = [(a, p["port"]) for s in slices["items"] for e in s.get("endpoints", []) for a in e["addresses"]
-           for p in s.get("ports", []) if p.get("name") == "https"]  # fmt: skip
-    if len(eps) != 1:  # one API server here; kube-proxy would balance over several
-        raise ClusterError(f"the kubernetes Service: expected one endpoint, got {eps or 'none'}")
-    rule = f"ip daddr {ip} tcp dport {port} dnat to {eps[0][0]}:{eps[0][1]}"
-    script = (
-        "table ip nodeplug-cluster-services {\n"
-        f"  chain prerouting {{ type nat hook prerouting priority dstnat; {rule}; }}\n"
-        f"  chain output {{ type nat hook output priority -100; {rule}; }}\n"
-        "}\n"
-    )
-    run(in_netns(["nft", "-f", "-"]), input=script)
 
 
 # ---------------------------------------------------------------- cgroups

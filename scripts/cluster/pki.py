@@ -16,6 +16,7 @@ IDENTITIES = {
     "admin": ("admin", ["system:masters"]),
     "controller-manager": ("system:kube-controller-manager", []),
     "scheduler": ("system:kube-scheduler", []),
+    "kube-proxy": ("system:kube-proxy", []),  # bound to system:node-proxier by the bootstrap policy
 }
 
 

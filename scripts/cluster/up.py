@@ -1,9 +1,10 @@
 """scripts/cluster-up DIR: a one-node Kubernetes 1.32 cluster from KUBE_ASSETS with nodeplug deployed on it.
 
 Steps: build the images (cached); take the machine-wide lock; a network namespace for the node; certificates;
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the ``kubernetes`` Service stand-in; containerd
-(images imported) and kubelet; a btrfs filesystem on a loop device for the ``nodeplug-btrfs`` class; the snapshot
-CRDs and snapshot-controller; then ``kubectl apply -k`` of the test overlay over daemonset/ and ``rollout status``.
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler; containerd (images imported) and kubelet; kube-proxy
+(nftables mode, see scripts/cluster/proxy.py) until the ``kubernetes`` Service answers at its ClusterIP; a btrfs
+filesystem on a loop device for the ``nodeplug-btrfs`` class; the snapshot CRDs and snapshot-controller; then
+``kubectl apply -k`` of the test overlay over daemonset/ and ``rollout status``.
 Any failure tears down what was made (logs stay in DIR/logs) and exits non-zero. The last line printed is the
 kubeconfig's path.
 """
@@ -16,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from cluster import assets, down, images, node, pki
+from cluster import assets, down, e2eimages, images, node, pki, proxy
 from cluster.common import (
     CNI_CONF_DIR,
     HOST_PATHS,
@@ -173,7 +174,7 @@ def up(cluster_dir: Path) -> Path:
     # Binaries and images first: they need no lock (podman serialises its own storage), and are ready when it comes.
     log(f"unpacking binaries from {KUBE_ASSETS}")
     bins = assets.all_binaries()
-    archives = images.all_images()
+    archives = [*images.all_images(), *e2eimages.all_images()]  # the suites' images too (scripts/conformance)
     lock, before = take_lock(cluster_dir)
     leftovers(before)
     cluster_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +239,6 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
              state.dir / "logs" / "kube-apiserver.log")  # fmt: skip
     node.start_controllers(state, bins, keys)
     wait_for("the kubernetes Service's endpoints", lambda: _has_endpoints(k), 60)
-    node.service_standin(k)
 
     log("starting containerd; importing images")
     node.start_node(state, bins, keys)
@@ -248,6 +248,10 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     node.start_kubelet(state, bins, keys, str(state.data["node"]))
     wait_for(f"node {state.data['node']} registered", lambda: bool(run([*k, "get", "node", "-o", "name"]).strip()),
              90, state.dir / "logs" / "kubelet.log")  # fmt: skip
+    log("starting kube-proxy (nftables mode)")
+    proxy.start(state, bins, keys, str(state.data["node"]))
+    proxy.wait_serving(state, k)
+    proxy.check_mode()
 
     apply_addons(state)
     deploy_nodeplug(state)

@@ -32,9 +32,9 @@ from support.localcluster import Cluster
 CLUSTER_UP = REPO / "scripts" / "cluster-up"
 CLUSTER_DOWN = REPO / "scripts" / "cluster-down"
 LOCK = Path("/run/lock/nodeplug-cluster.lock")  # scripts/cluster/common.py's
-NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "containerd",
-          "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer", "csi-snapshotter",
-          "snapshot-controller"]  # fmt: skip
+NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy",
+          "containerd", "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer",
+          "csi-snapshotter", "snapshot-controller"]  # fmt: skip
 TOOLS = ["podman", "mmdebstrap", "nsenter", "nft", "openssl", "runc", "mkfs.btrfs"]
 
 

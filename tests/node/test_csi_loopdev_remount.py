@@ -76,3 +76,51 @@ def test_a_mount_of_the_device_is_known_as_the_volumes(
         assert not holders.holds(volume, other, target)
     finally:
         subprocess.run(["umount", str(target)], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def same_path_in_another_namespace(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
+    """Two nodes on one machine: this namespace's file at ``state/csi/volumes/vol-1.img``, and another mount
+    namespace (kept alive meanwhile) that mounts a directory of its own at ``state``, with a file of the same name.
+    A loop device attached to each, through its own namespace: sysfs names both backing files alike."""
+    state = tmp_path / "state"
+    (state / "csi" / "volumes").mkdir(parents=True)
+    other = tmp_path / "other-node"
+    (other / "csi" / "volumes").mkdir(parents=True)
+    ours = state / "csi" / "volumes" / "vol-1.img"
+    for f in (ours, other / "csi" / "volumes" / "vol-1.img"):
+        with open(f, "wb") as out:
+            out.truncate(1 << 20)
+    script = f"mount --bind {other} {state} && losetup -f --show {ours} && exec sleep 60"
+    node = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    theirs = ""
+    own = ""
+    try:
+        assert node.stdout is not None
+        theirs = node.stdout.readline().strip()
+        assert theirs.startswith("/dev/loop"), "the other namespace attached no device"
+        own = subprocess.run(["losetup", "-f", "--show", str(ours)], capture_output=True, text=True, timeout=30,
+                             check=True).stdout.strip()  # fmt: skip
+        yield ours, own, theirs
+    finally:
+        node.kill()
+        node.communicate(timeout=30)  # reaps it and closes its pipes
+        for dev in (own, theirs):
+            if dev:
+                subprocess.run(["losetup", "-d", dev], capture_output=True, timeout=30, check=False)
+
+
+def test_another_namespaces_device_of_the_same_path_is_never_ours(
+    same_path_in_another_namespace: tuple[Path, str, str],
+) -> None:
+    """Each node's agent finds its loop devices by its volumes' paths under /var/lib/nodeplug, the same path on every
+    node: one node must never reuse (write through), detach or count another node's device."""
+    ours, own, theirs = same_path_in_another_namespace
+    names = {Path(f"/sys/block/{Path(d).name}/loop/backing_file").read_text().strip() for d in (own, theirs)}
+    assert names == {str(ours)}, "the kernel names both devices' backing files alike"
+    assert loopdev.devices_of(ours) == [(own, False)]
+    assert loopdev.rw_device(ours) == own
+    assert loopdev.attach(ours) == (own, False)
+    subprocess.run(["losetup", "-d", own], capture_output=True, timeout=30, check=True)
+    assert loopdev.rw_device(ours) is None  # theirs is still attached, and still not ours
