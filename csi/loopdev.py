@@ -76,7 +76,19 @@ def _attached(device: str, name: str, want: str, want_id: tuple[int, int] | None
     caller."""
     if name != want and (not want.endswith(name) or os.path.basename(name) != os.path.basename(want)):
         return False
-    return want_id is not None and _backing_id(device) == want_id
+    if want_id is None:
+        # The file is gone (deleted while attached): the kernel's word that this device holds a deleted file of
+        # exactly this name is all that is left to go by.
+        return name == want and _holds_deleted(device)
+    return _backing_id(device) == want_id
+
+
+def _holds_deleted(device: str) -> bool:
+    try:
+        raw = (SYS_BLOCK / os.path.basename(device) / "loop" / "backing_file").read_text()
+    except OSError:
+        return False
+    return raw.strip().endswith(" (deleted)")
 
 
 def _backing_name(loop_dir: Path) -> str:
