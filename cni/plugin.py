@@ -9,7 +9,7 @@ left to a silent fallback; a config naming another agent's socket gets NOT_HERE.
 0600 by ``bind`` itself (the mode is set on the socket before it has a name), so it is never connectable by others,
 whatever the umask.
 
-Warm state is the point: pyroute2 is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
+Warm state is the point: the dataplane is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
 caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
 
 Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
@@ -86,7 +86,7 @@ class CniPlugin:
         if self._handlers is not None:
             self._table = self._handlers
         else:
-            # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes
+            # warm: the dataplane is imported once, here; in a thread, as that takes
             # tens of milliseconds during which the loop would stop serving the HTTP endpoint and the other plugins
             dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
             self._table = commands.table(dataplane, addresses=_AgentAddresses(self.ctx))
