@@ -150,19 +150,26 @@ class CniPlugin:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         wait = self.section.handshake_timeout
-        env_size, stdin_size = thick.parse_header(await asyncio.wait_for(reader.readexactly(thick.HEADER_SIZE), wait))
+        # asyncio.timeout rather than wait_for: no task of its own per read (this runs for every request)
+        async with asyncio.timeout(wait):
+            header = await reader.readexactly(thick.HEADER_SIZE)
+        env_size, stdin_size = thick.parse_header(header)
         size = env_size + stdin_size
         if size > self.section.max_request_bytes:
             await self._refuse(reader, writer, size)
             return
-        env, stdin = thick.parse_body(await asyncio.wait_for(reader.readexactly(size), wait), env_size)
+        async with asyncio.timeout(wait):
+            body = await reader.readexactly(size)
+        env, stdin = thick.parse_body(body, env_size)
         if not thick.routes_here(stdin, str(self.path)):
             writer.write(thick.NOT_HERE)
             await writer.drain()
             return
         writer.write(thick.ACK)
         await writer.drain()
-        if await asyncio.wait_for(reader.readexactly(1), self.section.handshake_timeout) != thick.GO:
+        async with asyncio.timeout(wait):
+            go = await reader.readexactly(1)
+        if go != thick.GO:
             raise thick.ProtocolError("expected GO after ACK")
         command = env.get("CNI_COMMAND", "")
         container_id = env.get("CNI_CONTAINERID", "")
