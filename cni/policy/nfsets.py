@@ -118,11 +118,14 @@ def add_elements(table: str, sets: Mapping[str, Sequence[bytes]], timeout: float
         for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
             with contextlib.suppress(OSError):
                 sock.setsockopt(SOL_NETLINK, option, 1)
-        sock.settimeout(timeout)
+        # the kernel's own timeouts: the socket stays blocking (settimeout would poll() before every call)
+        limit = struct.pack("@ll", int(timeout), int(timeout % 1 * 1_000_000))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
         try:
             _exchange(sock, get_table(family, table, 1), {1}, 0)
             _exchange(sock, data, set(answered), begin)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO or SO_SNDTIMEO ran out
             raise NfError(errno.ETIMEDOUT, f"no answer from the kernel within {timeout:g}s") from None
         except OSError as e:
             raise NfError(e.errno or errno.EIO, e.strerror or str(e)) from None
