@@ -11,9 +11,10 @@ Only the attributes the dataplane and the cluster network use are known (the tab
 kernel's ``linux/if_link.h``, ``if_addr.h``, ``rtnetlink.h``, ``neighbour.h`` and ``if_bridge.h``); an answer's other
 attributes are skipped. This replaces pyroute2's message classes, whose import (its ``config`` module with
 ``multiprocessing``, ``platform`` and ``logging``, and the class machinery) cost a standalone CNI call more than its
-netlink work, and whose encoding was most of the agent's CPU per ADD. ``tests/unit/test_cni_messages.py`` checks
-every request the dataplane builds against what pyroute2's request layer encodes for the same operation, and every
-decoder against pyroute2's decoding of the same bytes.
+netlink work (12 ms of 47), and whose generic encoding and decoding the agent paid at every request. The tests keep
+pyroute2 (a development dependency) as the reference: ``tests/unit/test_cni_rtnl.py`` compares every request the
+dataplane builds, byte for byte, with what pyroute2's request layer encodes for the same operation, and
+``tests/node/test_cni_rtnl_kernel.py`` the decoding of the kernel's real answers with pyroute2's.
 
 A message reads like the objects it replaces: ``msg["index"]`` is a header field, ``msg.get("IFLA_IFNAME")`` the
 first attribute of that name (None when absent), ``msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")`` a walk into
