@@ -93,11 +93,28 @@ def _canon(data: bytes, header: int) -> dict[str, Any]:
     return {"header": data[16 : 16 + header].hex(), "attrs": sorted(t.hex() for t in _tlvs(data, 16 + header))}
 
 
-HEADER_SIZE = {"ifinfmsg": 16, "ifaddrmsg": 8, "rtmsg": 12}
+HEADER_SIZE = {"ifinfmsg": 16, "ifaddrmsg": 8, "rtmsg": 12, "ndmsg": 12}
 
 
 def _ours(msg: Any, msg_type: int) -> bytes:
     return bytes(msg.encode(msg_type))
+
+
+class _Recorder:
+    """Stands in for the netlink socket of a function that builds and sends one request: keeps its bytes."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def ack(self, msg: Any, msg_type: int, flags: int = 0) -> None:
+        self.sent.append(bytes(msg.encode(msg_type)))
+
+
+def _sent_by(call: Callable[[Any], object]) -> bytes:
+    rec = _Recorder()
+    call(rec)
+    assert len(rec.sent) == 1
+    return rec.sent[0]
 
 
 def _pyroute2(call: Callable[[Any], object]) -> bytes:
@@ -117,8 +134,11 @@ V6 = ipaddress.ip_interface("fd00::5/64")
 
 
 def _cases() -> list[tuple[str, Callable[[], bytes], Callable[[Any], object], str]]:
-    from cni.dataplane.rtnl import RTM_DELADDR, RTM_NEWROUTE, RTM_SETLINK
+    from cni.cluster import kernel
+    from cni.cluster.plan import RouteSpec
+    from cni.dataplane.rtnl import RTM_DELADDR, RTM_NEWNEIGH, RTM_NEWROUTE, RTM_SETLINK
 
+    vx_route = RouteSpec(ipaddress.ip_network("10.244.4.0/24"), ipaddress.ip_address("10.244.4.0"), True)
     gw_route = Route(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_address("10.0.0.1"), mtu=1400, priority=5)
     link_route = Route(ipaddress.ip_network("10.9.0.0/16"), table=100)
     v6_route = Route(ipaddress.ip_network("fd01::/64"), ipaddress.ip_address("fd00::1"), table=1000, advmss=1200)
@@ -218,6 +238,24 @@ def _cases() -> list[tuple[str, Callable[[], bytes], Callable[[Any], object], st
             "IPv6 route in table 1000 with advmss",
             lambda: _ours(nl.route_msg(v6_route, 7), RTM_NEWROUTE),
             lambda b: b.route("add", dst="fd01::/64", oif=7, gateway="fd00::1", table=1000, metrics={"advmss": 1200}),
+            "rtmsg",
+        ),
+        (
+            "permanent neighbour",
+            lambda: _ours(nl.neigh_msg(7, ipaddress.ip_address("169.254.1.1"), MAC1), RTM_NEWNEIGH),
+            lambda b: b.neigh("add", dst="169.254.1.1", lladdr=MAC1, ifindex=7, state=nl.NUD_PERMANENT),
+            "ndmsg",
+        ),
+        (
+            "proxy neighbour",
+            lambda: _ours(nl.neigh_msg(7, ipaddress.ip_address("fd00::9"), proxy=True), RTM_NEWNEIGH),
+            lambda b: b.neigh("add", dst="fd00::9", ifindex=7, state=nl.NUD_PERMANENT, flags=nl.NTF_PROXY),
+            "ndmsg",
+        ),
+        (
+            "the cluster network's on-link route over VXLAN",
+            lambda: _sent_by(lambda rec: kernel.set_route(rec, vx_route, 110, 9)),
+            lambda b: b.route("add", dst="10.244.4.0/24", gateway="10.244.4.0", oif=9, proto=110, flags=4),
             "rtmsg",
         ),
     ]
