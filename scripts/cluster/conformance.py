@@ -238,7 +238,7 @@ def run_suite(suite: Suite, focus: str | None, cluster_dir: Path) -> Tally:
     return tally
 
 
-def main(suite_name: str, focus: str | None, cluster_dir: Path | None) -> int:
+def main(suite_name: str, focus: str | None, cluster_dir: Path | None, nodes: int = 1) -> int:
     """Run ``suite_name`` on the cluster in ``cluster_dir`` (made there first if it holds none, and then removed
     again; with no DIR, in a new directory under /var/tmp); 0 when every selected spec passed or skipped itself."""
     suite = SUITES[suite_name]
@@ -254,7 +254,7 @@ def main(suite_name: str, focus: str | None, cluster_dir: Path | None) -> int:
         started = time.monotonic()
         if made:
             log(f"no cluster in {cluster_dir}: bringing one up (scripts/cluster-up)")
-            up.up(cluster_dir)
+            up.up(cluster_dir, nodes)
         tally = run_suite(suite, focus, cluster_dir)
         print(f"{suite.name}: wall time {time.monotonic() - started:.0f} s (cluster-up included: {made})", flush=True)
         return 0 if tally.ok else 1

@@ -72,7 +72,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = time.monotonic()
     # Another cluster on the machine (only one kubelet per machine): wait for it rather than fail.
     env = {**os.environ, "NODEPLUG_CLUSTER_LOCK_WAIT": os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "1800")}
-    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=3600, check=False, env=env)
+    nodes = os.environ.get("NODEPLUG_TEST_NODES", "1")  # the same tier on N nodes
+    p = subprocess.run([str(CLUSTER_UP), str(d), "--nodes", nodes], capture_output=True, text=True, timeout=3600,
+                       check=False, env=env)  # fmt: skip
     try:
         if p.returncode != 0:
             pytest.fail(f"scripts/cluster-up failed ({p.returncode}):\n{p.stderr[-4000:]}\nlogs: {d / 'logs'}")
@@ -85,7 +87,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         # Besides what the session's leak check compares (mounts, network namespaces, links, loop devices): the
         # cgroups (removable only once no process is left in them) and the node's directories.
         left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
-            "*/nodeplug-cluster"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
+            "*/nodeplug-cluster*"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
         assert not left, f"scripts/cluster-down left {left}"
         if request.session.testsfailed:
             print(f"\ncluster state and logs kept in {d}")

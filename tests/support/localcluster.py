@@ -25,7 +25,8 @@ class Cluster:
         self.kubeconfig = kubeconfig
         state = json.loads((cluster_dir / "state.json").read_text())
         self.kubectl_bin = state["kubectl"]
-        self.node = state["node"]
+        self.node = state["node"]  # the first node: its paths are the machine's own (scripts/cluster/nodes.py)
+        self.nodes: list[str] = state.get("nodes", [self.node])
         self.cni_conf_dir = Path(state["cni_conf_dir"])
         self.netns = state["netns"]
         self.crictl = state["crictl"]
@@ -65,10 +66,12 @@ class Cluster:
     def exec(self, ns: str, pod: str, *cmd: str, timeout: float = 60) -> str:
         return self.kubectl("-n", ns, "exec", pod, "--", *cmd, timeout=timeout)
 
-    def agent_pod(self) -> str:
+    def agent_pod(self, node: str = "") -> str:
+        """The running agent pod of ``node`` (default: the first node)."""
         pods = self.get("-n", "nodeplug-system", "pods", "-l", "app.kubernetes.io/name=nodeplug")["items"]
         running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"
-                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+                   and not p["metadata"].get("deletionTimestamp")
+                   and p["spec"].get("nodeName") == (node or self.node)]  # fmt: skip
         assert len(running) == 1, f"expected one running agent pod, got {[p['metadata']['name'] for p in pods]}"
         return running[0]
 
@@ -87,9 +90,9 @@ class Cluster:
     def rollout(self) -> None:
         self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s", timeout=200)
 
-    @staticmethod
-    def pod(name: str, *command: str, **spec: Any) -> dict[str, Any]:
-        """A busybox pod running ``command`` (default: sleep until deleted); ``resources``, ``volumeMounts`` and
+    def pod(self, name: str, *command: str, **spec: Any) -> dict[str, Any]:
+        """A busybox pod running ``command`` (default: sleep until deleted) on the first node (whose paths the tests
+        read; ``nodeSelector`` in ``spec`` places it elsewhere); ``resources``, ``volumeMounts`` and
         ``securityContext`` go to its container, the rest of ``spec`` to the pod."""
         container: dict[str, Any] = {
             "name": "app",
@@ -104,5 +107,10 @@ class Cluster:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name},
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec},
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": 2,
+                "nodeSelector": {"kubernetes.io/hostname": self.node},
+                **spec,
+            },
         }
