@@ -6,15 +6,20 @@
 
 - ADD: the netns checked (``dataplane.check_netns``: a network namespace, not the host's; it never blocks, whatever
   the path names) -> IPAM (built in or delegated) -> routes resolved (each route's gateway filled in from its family's
-  address; default routes for ``isDefaultGateway``) -> ``dataplane.add``. If the dataplane fails the lease is
-  released (or the delegate's DEL is run) before the error is returned: a failed ADD leaves no lease.
+  address, on the routed datapath the link-local gateway of :mod:`cni.datapath`, which also gets a route to each
+  address's subnet; default routes for ``isDefaultGateway``) -> ``dataplane.add`` -> the pod's addresses told to
+  policy enforcement (:class:`PodAddresses`: the pod's rules are in place, or its addresses quarantined, before ADD
+  answers); on the routed datapath the result's addresses are host addresses (/32, /128) as the pod has them. If a
+  step fails, what the earlier ones did is undone (the interface removed, the lease released or the delegate's DEL
+  run) before the error is returned: a failed ADD leaves no lease.
 - DEL: the addresses (from the store, or prevResult for a delegate) -> ``dataplane.delete`` (idempotent; a missing
-  netns or veth is fine) -> release. The lease is only released once the dataplane no longer uses the address.
+  netns or veth is fine) -> the addresses told freed to policy enforcement (out of every set, quarantined) ->
+  release. The lease is only released once neither the dataplane nor a policy rule uses the address.
 - CHECK: prevResult required and naming the container's interface (code 7 otherwise); its addresses are leased to
   this container; ``dataplane.check`` against it. An attachment of which nothing is left (no lease, no host veth:
   CHECK after DEL) is code 3, which tells the runtime there is nothing to clean up; one that is only partly there is a
   failed CHECK.
-- GC: ``cni.dev/valid-attachments`` required; every other lease released; ``dataplane.gc``.
+- GC: ``cni.dev/valid-attachments`` required; every other lease released (its address told freed); ``dataplane.gc``.
 - STATUS: the store opens and every range set has a free address (code 50 otherwise); ``dataplane.status``.
 
 The contract between this orchestration and the dataplane (:mod:`cni.dataplane`):
@@ -25,13 +30,15 @@ level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so
 - ``check_netns(netns)``: raises CniError 4 unless ``netns`` (a path) is a network namespace other than the host's;
   never blocks, whatever the path names (a FIFO, a device).
 
-- ``add(conf, container_id, netns, ifname, ips, routes) -> [bridge, host veth, container iface]``: makes the bridge
-  (if missing; gateway addresses from ``ips[].gateway`` with the address's prefix when ``conf.is_gateway``), the veth
-  pair (host end on the bridge; the other moved into ``netns`` (a path) and renamed ``ifname``), MTU, hairpin, promisc,
-  vlan, the ``ips`` addresses and exactly the ``routes`` given (the orchestration has already filled in each route's
-  ``gw`` and added the default routes for ``isDefaultGateway``; a route whose ``gw`` is None is a link route), loopback
-  up, DAD off on the pod side, forwarding sysctls, ipMasq rules. The ``IPConfig.interface`` indices the orchestration
-  puts in the Result point at index 2 of the returned list. On failure it undoes everything it did and raises
+- ``add(conf, container_id, netns, ifname, ips, routes) -> [bridge, host veth, container iface]`` (routed:
+  ``[host veth, container iface]``): makes the bridge (if missing; gateway addresses from ``ips[].gateway`` with the
+  address's prefix when ``conf.is_gateway``; none on the routed datapath), the veth pair (host end on the bridge, or
+  routed: a host route to each pod address on it; the other moved into ``netns`` (a path) and renamed ``ifname``),
+  MTU, hairpin, promisc, vlan, the ``ips`` addresses (routed: as host addresses, with the gateways' neighbour
+  entries) and exactly the ``routes`` given (the orchestration has already filled in each route's ``gw`` and added
+  the default routes for ``isDefaultGateway``; a route whose ``gw`` is None is a link route), loopback up, DAD off on
+  the pod side, forwarding sysctls, ipMasq rules. The ``IPConfig.interface`` indices the orchestration puts in the
+  Result point at the last interface of the returned list. On failure it undoes everything it did and raises
   :class:`cni.errors.CniError`.
 - ``delete(conf, container_id, netns | None, ifname, ips)``: idempotent; succeeds when the netns or the veth is gone;
   removes the ipMasq rules for ``ips``.
@@ -51,6 +58,7 @@ import ipaddress
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
+from cni import datapath
 from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError, quietly
 from cni.ipam import delegate, pluginmode, service
 from cni.ipam.service import StoreOpener
@@ -58,7 +66,35 @@ from cni.netconf import BridgeConf, IpamPluginConf
 from cni.skel import Handler, Request
 from cni.types import Interface, IPAddress, IPConfig, Result, Route
 
-CONTAINER_IFACE_INDEX = 2  # dataplane.add returns [bridge, host veth, container interface]
+
+class PodAddresses(Protocol):
+    """Policy enforcement's side of ADD and DEL (:mod:`cni.policy`): told of a pod's new addresses before ADD answers,
+    and of freed addresses before they go back to the IPAM. Each call returns once it is done; raising fails the
+    command (the ADD is undone)."""
+
+    def added(self, namespace: str, name: str, uid: str, ips: Sequence[str]) -> None: ...
+
+    def freed(self, ips: Sequence[str]) -> None: ...
+
+
+class Quarantine:
+    """What the standalone entry point (the agent not answering) tells: every address it gives out or frees is
+    quarantined (:mod:`cni.policy.quarantine`) until the policy agent has the rules of the pod that holds it; nothing
+    when this node enforces no policy."""
+
+    def added(self, namespace: str, name: str, uid: str, ips: Sequence[str]) -> None:
+        if namespace and name:  # a Kubernetes pod (K8S_POD_* in CNI_ARGS): policies may name it
+            self.freed(ips)
+
+    def freed(self, ips: Sequence[str]) -> None:
+        from cni.policy import quarantine
+
+        if not ips:
+            return
+        try:
+            quarantine.hold(ips)
+        except quarantine.QuarantineError as e:
+            raise CniError(DATAPLANE, details=f"network policy: {e}") from None
 
 
 class Dataplane(Protocol):
@@ -100,6 +136,16 @@ def resolve_routes(conf: BridgeConf, ips: Sequence[IPConfig], routes: Sequence[R
     return out
 
 
+def with_subnet_routes(ips: Sequence[IPConfig], routes: Sequence[Route]) -> list[Route]:
+    """Routed: each address's subnet via its gateway (unless a route names it already), so that a routed pod reaches
+    what a bridged one reaches on its link, whether or not it has a default route."""
+    out = list(routes)
+    for ip in ips:
+        if ip.gateway is not None and not any(r.dst == ip.address.network for r in out):
+            out.append(Route(ip.address.network, ip.gateway))
+    return out
+
+
 def _container_interface(prev: Result, ifname: str) -> None:
     """Code 7 unless prevResult (the result of ADD) names ``ifname`` with its sandbox, as ADD reports it."""
     if not any(i.name == ifname and i.sandbox for i in prev.interfaces):
@@ -131,9 +177,12 @@ def _gc_in_plugin_mode(req: Request, conf: IpamPluginConf, opener: StoreOpener |
 class Commands:
     """The handlers, bound to a dataplane and (for tests) a store opener."""
 
-    def __init__(self, dataplane: Dataplane, opener: StoreOpener | None = None) -> None:
+    def __init__(
+        self, dataplane: Dataplane, opener: StoreOpener | None = None, addresses: PodAddresses | None = None
+    ) -> None:
         self.dp = dataplane
         self.opener = opener
+        self.addresses = addresses if addresses is not None else Quarantine()
 
     # ------------------------------------------------------------ ADD
 
@@ -159,13 +208,23 @@ class Commands:
                 ips = [ip._replace(interface=None) for ip in got.ips]
                 ipam_routes = got.routes
                 dns = dns or got.dns
+            if conf.routed:  # the pod's routes go via the link-local gateway, whatever the IPAM's subnets say
+                ips = [datapath.with_routed_gateway(ip) for ip in ips]
             routes = resolve_routes(conf, ips, ipam_routes)
+            if conf.routed:
+                routes = with_subnet_routes(ips, routes)
             interfaces = self.dp.add(conf, req.container_id, req.netns, req.ifname, ips, routes)
+            if ips:
+                undo.callback(quietly, self.dp.delete, conf, req.container_id, req.netns, req.ifname, ips)
+                args = req.args
+                self.addresses.added(args.k8s_pod_namespace, args.k8s_pod_name, args.k8s_pod_uid, _texts(ips))
             undo.pop_all()
+        if conf.routed:
+            ips = [datapath.host_address(ip) for ip in ips]
         return Result(
             cni_version=conf.cni_version,
             interfaces=tuple(interfaces),
-            ips=tuple(ip._replace(interface=CONTAINER_IFACE_INDEX) for ip in ips),
+            ips=tuple(ip._replace(interface=len(interfaces) - 1) for ip in ips),
             routes=tuple(routes),
             dns=dns,
         )
@@ -178,6 +237,7 @@ class Commands:
         else:
             ips = list(conf.prev_result.ips) if conf.prev_result is not None else []
         self.dp.delete(conf, req.container_id, req.netns or None, req.ifname, ips)
+        self.addresses.freed(_texts(ips))
         if conf.ipam_conf is not None:
             service.release(conf.name, conf.ipam_conf, req.container_id, req.ifname, self.opener)
         elif conf.ipam_type:
@@ -207,7 +267,8 @@ class Commands:
     def gc(self, req: Request, conf: BridgeConf) -> None:
         valid = _valid_attachments(conf)
         if conf.ipam_conf is not None:
-            service.gc(conf.name, conf.ipam_conf, valid, self.opener)
+            gone = service.gc(conf.name, conf.ipam_conf, valid, self.opener)
+            self.addresses.freed([lease.ip for lease in gone])
         elif conf.ipam_type:
             delegate.exec_plugin(conf.ipam_type, "GC", req.env, req.stdin, req.path)
         self.dp.gc(conf, valid)
@@ -245,5 +306,11 @@ class Commands:
         return handle
 
 
-def table(dataplane: Dataplane, opener: StoreOpener | None = None) -> dict[str, Handler]:
-    return Commands(dataplane, opener).table()
+def _texts(ips: Sequence[IPConfig]) -> list[str]:
+    return [str(ip.address.ip) for ip in ips]
+
+
+def table(
+    dataplane: Dataplane, opener: StoreOpener | None = None, addresses: PodAddresses | None = None
+) -> dict[str, Handler]:
+    return Commands(dataplane, opener, addresses).table()

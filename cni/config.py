@@ -1,12 +1,15 @@
 """The ``cni`` section of the agent config: the thick-mode server in the agent.
 
-The network itself (bridge, ranges, IPAM data directory, socket path the entry point uses) is described by the CNI
-network config the runtime passes on every call, not here: the entry point and the agent must agree without the agent
-config. This section says where the agent listens and how much work it takes on at once. (How this node joins the
-cluster pod network is the ``cluster_network`` section, :mod:`cni.cluster.config`.)
+The network itself (datapath, bridge, ranges, IPAM data directory, socket path the entry point uses) is described by
+the CNI network config the runtime passes on every call, not here: the entry point and the agent must agree without
+the agent config. This section says where the agent listens and how much work it takes on at once, and which
+datapath the conflist ``nodeplug install-cni`` writes names (and the doctor's throw-away network uses). (How this
+node joins the cluster pod network is the ``cluster_network`` section, :mod:`cni.cluster.config`.)
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -15,6 +18,9 @@ from nodeplug.paths import CNI_SOCKET
 
 
 class Config(Section):
+    # How pods are attached, in the conflist install-cni writes: routed (a veth per pod with a host route, no bridge)
+    # or bridge. Pods keep the datapath they were made with until they are recreated.
+    datapath: Literal["routed", "bridge"] = "routed"
     # Where the agent serves thick mode (placed under the agent's --root); network configs name it in "socket".
     socket: AbsPath = CNI_SOCKET
     # CNI commands run at once (each in a worker thread); more requests queue. Same-container requests are serialised.

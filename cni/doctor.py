@@ -4,8 +4,10 @@
   are on PATH;
 - the entry point installed in the CNI bin dir answers VERSION (and how long it takes);
 - when the agent serves its CNI socket: STATUS on a throw-away network, then a real attachment acting as the runtime
-  (ADD into a temporary netns, ping the gateway from it, DEL) and the lease freed afterwards. The throw-away network
-  uses the ``doctor_bridge`` and ``doctor_subnet`` of the config and its own IPAM data directory
+  (ADD into a temporary netns, ping the gateway from it, DEL) and the lease freed afterwards. On the routed datapath,
+  whose link-local gateway no address answers, a second pod is attached and the first pings it through the node's
+  routing table. The throw-away network has the config's ``datapath`` and uses the ``doctor_bridge`` and
+  ``doctor_subnet`` of the config and its own IPAM data directory
   (``/var/lib/nodeplug/doctor-ipam``); the netns, the bridge and the lease are removed whatever happens. Without
   the agent these are skipped.
 """
@@ -40,6 +42,7 @@ def _netconf(section: Config, sock: Path, data_dir: str) -> dict[str, Any]:
         "name": NETWORK,
         "type": "nodeplug",
         "bridge": section.doctor_bridge,
+        "datapath": section.datapath,
         "isGateway": True,
         "socket": str(sock),
         "ipam": {"type": "nodeplug", "ranges": [[{"subnet": section.doctor_subnet}]], "dataDir": data_dir},
@@ -100,37 +103,47 @@ def checks(section: Config, ctx: AgentContext) -> list[Check]:
             raise CheckSkipped(f"the agent is not serving {sock}")
         if await _bridge_exists(section.doctor_bridge):
             raise CheckFailed(f"bridge {section.doctor_bridge} already exists: set cni.doctor_bridge to an unused name")
-        ns = "npdoctor-" + secrets.token_hex(4)
+        tag = secrets.token_hex(4)
+        pods = [f"npdoctor-{tag}", f"npdoctor-{tag}-b"][: 2 if section.datapath == "routed" else 1]
         data_dir = str(ctx.root(STATE_DIR) / "doctor-ipam")  # one place, so the agent keeps one store open for it
         conf = _netconf(section, sock, data_dir)
-        cid = "nodeplug-doctor-" + secrets.token_hex(4)
-        env = {
-            "CNI_CONTAINERID": cid,
-            "CNI_NETNS": f"/run/netns/{ns}",
-            "CNI_IFNAME": "eth0",
-            "CNI_PATH": str(ctx.root(CNI_BIN_DIR)),
-        }
+
+        def env(ns: str) -> dict[str, str]:
+            return {
+                "CNI_CONTAINERID": "nodeplug-doctor-" + ns.removeprefix("npdoctor-"),
+                "CNI_NETNS": f"/run/netns/{ns}",
+                "CNI_IFNAME": "eth0",
+                "CNI_PATH": str(ctx.root(CNI_BIN_DIR)),
+            }
+
         try:
-            await arun(["ip", "netns", "add", ns], timeout=10)
-            t0 = time.monotonic()
-            result = await _call(sock, {**env, "CNI_COMMAND": "ADD"}, conf)
-            add_ms = (time.monotonic() - t0) * 1000
-            address = result["ips"][0]["address"]
-            gateway = result["ips"][0]["gateway"]
+            results = []
+            for ns in pods:
+                await arun(["ip", "netns", "add", ns], timeout=10)
+                t0 = time.monotonic()
+                results.append(await _call(sock, {**env(ns), "CNI_COMMAND": "ADD"}, conf))
+                add_ms = (time.monotonic() - t0) * 1000
+            address = results[0]["ips"][0]["address"]
+            target = results[0]["ips"][0]["gateway"]
+            what = "its gateway"
+            if len(results) > 1:  # routed: the other pod, through the node
+                target, what = results[1]["ips"][0]["address"].split("/")[0], "another pod"
             try:
-                await arun(["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", gateway], timeout=10)
+                await arun(["ip", "netns", "exec", pods[0], "ping", "-c", "1", "-W", "2", target], timeout=10)
             except CommandError as e:
-                raise CheckFailed(f"pod address {address} cannot reach its gateway {gateway}: {e}") from None
-            await _call(sock, {**env, "CNI_COMMAND": "DEL"}, {**conf, "prevResult": result})
+                raise CheckFailed(f"pod address {address} cannot reach {what} {target}: {e}") from None
+            for ns, result in zip(pods, results, strict=True):
+                await _call(sock, {**env(ns), "CNI_COMMAND": "DEL"}, {**conf, "prevResult": result})
             left = await asyncio.to_thread(_leases, data_dir)  # sqlite: off the event loop
             if left:
                 raise CheckFailed(f"DEL left leases behind: {left}")
-            return f"ADD {address} ({add_ms:.0f} ms), ping {gateway}, DEL, lease freed"
+            return f"{section.datapath}: ADD {address} ({add_ms:.0f} ms), ping {what} {target}, DEL, lease freed"
         finally:
-            with contextlib.suppress(Exception):
-                await _call(sock, {**env, "CNI_COMMAND": "DEL"}, conf)
-            with contextlib.suppress(CommandError):
-                await arun(["ip", "netns", "delete", ns], timeout=10)
+            for ns in pods:
+                with contextlib.suppress(Exception):
+                    await _call(sock, {**env(ns), "CNI_COMMAND": "DEL"}, conf)
+                with contextlib.suppress(CommandError):
+                    await arun(["ip", "netns", "delete", ns], timeout=10)
             with contextlib.suppress(CommandError):
                 await arun(["ip", "link", "delete", section.doctor_bridge], timeout=10)
 

@@ -4,7 +4,8 @@ Two shapes reach the entry point:
 
 - :class:`BridgeConf` — nodeplug as the main plugin (``"type": "nodeplug"``), with the reference ``bridge`` plugin's
   key names (bridge, mtu, isGateway, isDefaultGateway, forceAddress, ipMasq, hairpinMode, promiscMode, vlan, ipam, dns)
-  plus ``socket`` (where the agent serves thick mode) and ``agentTimeout`` (how long the entry point waits for the
+  plus ``datapath`` (``bridge``, the default, or ``routed``: see :mod:`cni.dataplane.routed`), ``socket`` (where the
+  agent serves thick mode) and ``agentTimeout`` (how long the entry point waits for the
   agent to take a request before doing the work itself, in all: the bundle's launcher, which cannot read it, waits
   its own 0.5 s and hands over the rest, so a stuck agent costs the longer of the two, once);
 - :class:`IpamPluginConf` — nodeplug as *another* plugin's IPAM (the top-level ``type`` is someone else's, e.g. the
@@ -41,6 +42,10 @@ from cni.types import (
 
 PLUGIN_TYPE = "nodeplug"
 DEFAULT_BRIDGE = "nodeplug0"
+# How a pod is attached: to the bridge, or by a routed veth of its own. A config that names none is a bridge config
+# (every config written before the routed datapath existed); ``nodeplug install-cni`` writes the key.
+DATAPATHS = ("bridge", "routed")
+DEFAULT_DATAPATH = "bridge"
 DEFAULT_DATA_DIR = "/var/lib/nodeplug/ipam"
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 ATTACHMENTS_KEY = "cni.dev/attachments"  # the spec's earlier spelling; libcni sends both
@@ -95,6 +100,7 @@ class BridgeConf(NamedTuple):
     cni_version: str
     type: str = PLUGIN_TYPE
     bridge: str = DEFAULT_BRIDGE
+    datapath: str = DEFAULT_DATAPATH
     mtu: int | None = None
     is_gateway: bool = False
     is_default_gateway: bool = False
@@ -120,6 +126,10 @@ class BridgeConf(NamedTuple):
     @property
     def ipam_type(self) -> str:
         return str(self.ipam.get("type", ""))
+
+    @property
+    def routed(self) -> bool:
+        return self.datapath == "routed"
 
 
 class IpamPluginConf(NamedTuple):
@@ -387,6 +397,12 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
     if ipam_type is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", ipam_type):
         raise _bad("ipam.type", "a plugin file name (no '/')", ipam_type)
     bridge = check_ifname(_get_str(d, "bridge", "", DEFAULT_BRIDGE), "bridge")
+    datapath = _get_str(d, "datapath", "", DEFAULT_DATAPATH)
+    if datapath not in DATAPATHS:
+        raise _bad("datapath", " or ".join(f'"{p}"' for p in DATAPATHS), datapath)
+    vlan = get_int(d, "vlan", 0, 4094)
+    if vlan and datapath == "routed":
+        raise _bad("vlan", 'nothing with "datapath": "routed" (a VLAN is a bridge setting)', vlan)
     socket = _get_str(d, "socket", "", DEFAULT_SOCKET)
     if not socket.startswith("/"):
         raise _bad("socket", "an absolute path to the agent's CNI socket", socket)
@@ -403,6 +419,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
         cni_version=version,
         type=_get_str(d, "type", "", PLUGIN_TYPE),
         bridge=bridge,
+        datapath=datapath,
         mtu=mtu,
         is_gateway=_get_bool(d, "isGateway") or is_default_gateway,
         is_default_gateway=is_default_gateway,
@@ -410,7 +427,7 @@ def parse_bridge(d: Mapping[str, Any]) -> BridgeConf:
         ip_masq=_get_bool(d, "ipMasq"),
         hairpin_mode=_get_bool(d, "hairpinMode"),
         promisc_mode=_get_bool(d, "promiscMode"),
-        vlan=get_int(d, "vlan", 0, 4094),
+        vlan=vlan,
         ipam=ipam,
         ipam_conf=ipam_conf,
         dns=DNS.from_dict(d.get("dns")),

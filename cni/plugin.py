@@ -15,7 +15,9 @@ caches them), so a thick-mode ADD costs the netlink work and one transaction, no
 Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
 
 The cluster pod network is a plugin of its own (:mod:`cni.cluster`): it hands this server nothing but the node's
-pod subnets, in a file the IPAM reads on each ADD (:mod:`cni.nodesubnets`).
+pod subnets, in a file the IPAM reads on each ADD (:mod:`cni.nodesubnets`). Network policy (:mod:`cni.policy`) is
+told of each pod's addresses through :attr:`nodeplug.plugin.AgentContext.pod_addresses` before ADD answers and
+before DEL frees them; while it does not run here, addresses are quarantined (:class:`cni.commands.Quarantine`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -87,7 +89,7 @@ class CniPlugin:
             # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes
             # tens of milliseconds during which the loop would stop serving the HTTP endpoint and the other plugins
             dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
-            self._table = commands.table(dataplane)
+            self._table = commands.table(dataplane, addresses=_AgentAddresses(self.ctx))
         self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
@@ -203,6 +205,31 @@ class CniPlugin:
         buf = io.StringIO()
         code = skel.run(self._table, env, stdin, buf)
         return code, buf.getvalue()
+
+
+class _AgentAddresses:
+    """Pod addresses told to the network policy plugin when it runs in this agent (:attr:`AgentContext.pod_addresses`),
+    else quarantined as the standalone entry point does (:class:`cni.commands.Quarantine`)."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        from cni.commands import Quarantine
+
+        self.ctx = ctx
+        self.fallback = Quarantine()
+
+    def added(self, namespace: str, name: str, uid: str, ips: Sequence[str]) -> None:
+        hooks = list(self.ctx.pod_addresses)
+        if not hooks:
+            if namespace and name:  # a Kubernetes pod: its rules may not exist yet
+                self.fallback.added(namespace, name, uid, ips)
+            return
+        for h in hooks:
+            h.added(namespace, name, uid, ips)
+
+    def freed(self, ips: Sequence[str]) -> None:
+        hooks = list(self.ctx.pod_addresses)
+        for h in hooks or [self.fallback]:
+            h.freed(ips)
 
 
 def _listening_socket(path: Path) -> socket.socket:

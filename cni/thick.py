@@ -7,7 +7,9 @@ as bytes, the reply the exit status and stdout as bytes), and a handshake that m
     agent  -> client  ACK      one byte: the request is read and is this agent's; it runs on GO
                       NOT_HERE one byte: the config names another agent's socket (the client asks that one, or does
                                the work itself); the connection ends
-                      NAK      one byte and a reply: answered without running (e.g. larger than the agent accepts)
+                      NAK      one byte and a reply: answered without running (larger than the agent accepts, so
+                               refused before it is read: a client that has not read the config either (the
+                               launcher) hands it to one that has, which asks the socket the config names)
     client -> agent   GO       one byte: the client commits to the agent's answer
     agent  -> client  reply    u8 exit status (0 or 1), u32 stdout length, stdout
 
@@ -23,7 +25,9 @@ There is one client per language: :func:`call` here (the Python entry point, :mo
 launcher (``cni/launcher/fastpath.c``, its constants generated from this module); the server is the agent's plugin
 (:mod:`cni.plugin`), which uses :func:`parse_header`, :func:`parse_body`, :func:`routes_here` and
 :func:`encode_reply`. The launcher cannot read the config (it parses no JSON), so it asks the agent at its own socket
-(``$NODEPLUG_CNI_SOCKET``, else :data:`DEFAULT_SOCKET`) and the agent answers NOT_HERE for a config naming another;
+(``$NODEPLUG_CNI_SOCKET``, else the one ``nodeplug install-cni`` recorded for the conflist it wrote in the file
+:data:`SOCKET_RECORD` of ``nodeplug.d/``, beside the bundles, else :data:`DEFAULT_SOCKET`) and the agent answers
+NOT_HERE for a config naming another;
 when its wait for ACK runs out it hands the open connection to the Python entry point (``NODEPLUG_CNI_AGENT_FD``,
 ``NODEPLUG_CNI_AGENT_WAITED``), which waits out the rest of the config's ``agentTimeout`` on it: a stuck agent costs
 one wait, never two, and gets one request.
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "/run/nodeplug/cni.sock"  # network config: socket
 DEFAULT_AGENT_TIMEOUT = 2.0  # seconds to wait for the agent to take a request (network config: agentTimeout)
 
+SOCKET_RECORD = "agent-socket"  # in the CNI bin dir's nodeplug.d/: the socket the installed conflist names
 MAGIC = b"NPC\x01"  # a request starts with this; the last byte is the protocol version
 HEADER_SIZE = len(MAGIC) + 8
 REPLY_HEADER_SIZE = 5

@@ -30,11 +30,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from csi import nodestats
 from csi.config import TOPOLOGY_KEY, Config
-from csi.errors import FailedPrecondition, InvalidArgument
+from csi.errors import CsiError, FailedPrecondition, InvalidArgument
 from csi.grpcerrors import Context, rpc
 from csi.locks import OperationLocks
 from csi.model import validate_id
@@ -57,6 +57,9 @@ SINGLE_TARGET_MODES = frozenset(
     {_Mode.SINGLE_NODE_WRITER, _Mode.SINGLE_NODE_READER_ONLY, _Mode.SINGLE_NODE_SINGLE_WRITER}
 )
 
+
+if TYPE_CHECKING:  # lightkube is loaded only by an agent that follows an API server
+    from csi.pvsize import PvSizes
 
 CapabilityRequest = csi_pb2.NodeStageVolumeRequest | csi_pb2.NodePublishVolumeRequest | csi_pb2.NodeExpandVolumeRequest
 
@@ -81,11 +84,19 @@ def capability(request: CapabilityRequest, required: bool = True) -> tuple[str, 
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
-    def __init__(self, config: Config, host: NodeHost, locks: OperationLocks, kubelet_dir: Path) -> None:
+    def __init__(
+        self,
+        config: Config,
+        host: NodeHost,
+        locks: OperationLocks,
+        kubelet_dir: Path,
+        pv_sizes: PvSizes | None = None,
+    ) -> None:
         self.config = config
         self.host = host
         self.locks = locks
         self.kubelet_dir = kubelet_dir
+        self.pv_sizes = pv_sizes  # with an API server: a claim grown while unused grows at stage (csi.pvsize)
         self.node_id = host.manager.node_id
 
     async def _locked(self, volume_id: str, fn: Callable[[], T]) -> T:
@@ -114,8 +125,25 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         staging = await self._path("staging_target_path", request.staging_target_path, STAGING_SHAPES)
         kind, fs_type, flags, _ = capability(request)
         spec = StageSpec(volume_id=volume_id, staging=staging, kind=kind, fs_type=fs_type, flags=flags)
+        await self._grow_to_pv(volume_id)
         await self._locked(volume_id, lambda: self.host.stage(spec))
         return csi_pb2.NodeStageVolumeResponse()
+
+    async def _grow_to_pv(self, volume_id: str) -> None:
+        """Before staging a loop-file filesystem volume: grow its backing file to the size its PV now says, so the
+        filesystem is grown before it is mounted (see csi.pvsize). Any failure leaves it to NodeExpandVolume."""
+        if self.pv_sizes is None:
+            return
+        v = await asyncio.to_thread(self.host.volume, volume_id)
+        if v.is_block or v.is_subvolume or v.ephemeral:
+            return
+        want = await self.pv_sizes.size(v.name, volume_id)
+        if want is None or want <= v.capacity_bytes:
+            return
+        try:
+            await asyncio.to_thread(self.host.manager.expand_volume, volume_id, want)
+        except (CsiError, OSError) as e:
+            self.host.log.warning("not grown at stage; NodeExpandVolume will", volume_id=volume_id, error=str(e))
 
     @rpc
     async def NodeUnstageVolume(

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from csi import holders, loopdev, mounts
+from csi import holders, loopdev, mounts, offlinegrow
 from csi.backends import fileops
 from csi.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
 from csi.model import PublishRecord, StageRecord, Volume, validate_id
@@ -131,6 +131,10 @@ class NodeHost:
     def backing(self, v: Volume) -> Path:
         return self.manager.backing_path(v)
 
+    def grow_marker(self, v: Volume) -> Path:
+        """The marker of an offline grow of ``v``'s filesystem under way (:mod:`csi.offlinegrow`)."""
+        return self.manager.grow_marker(v.volume_id)
+
     # ------------------------------------------------------------ stage
 
     def stage(self, spec: StageSpec) -> None:
@@ -178,9 +182,15 @@ class NodeHost:
         device, attached = loopdev.attach(backing)
         if attached:
             undo.callback(loopdev.detach, device)
+        else:  # attached before (a restart): it may not know its file grew since
+            loopdev.refresh_size(device)
         if v.is_block:
             return device
         fs = v.fs_type or "ext4"  # the volume's, never the request's (an unchecked name would pick the mkfs run)
+        marker = self.grow_marker(v)
+        if fs == "ext4" and offlinegrow.interrupted(marker):  # a grow killed half-way: repaired before any read
+            offlinegrow.grow(Path(device), marker)
+            self.log.warning("finished a filesystem growth a kill interrupted", volume_id=v.volume_id)
         have = mounts.fs_size(device, fs)  # the superblock, without spawning blkid in the common case
         if have is None:
             found = fs_type_of(device)
@@ -192,12 +202,34 @@ class NodeHost:
         # a volume expanded while unstaged: its device is larger than its filesystem
         grown = have is not None and mounts.block_size(device) - have >= 1 << 20
         if grown and fs == "ext4":  # offline growth needs no CAP_SYS_RESOURCE, unlike the online ioctl
-            fileops.grow_fs_offline(Path(device), fs, self.ephemeral_dir.parent)
+            offlinegrow.grow(Path(device), marker)
         self._mount(v, spec, lambda flags: mounts.mount(device, spec.staging, fs, flags))
         undo.callback(mounts.unmount_top, spec.staging)
         if grown and fs == "xfs":  # xfs grows only while mounted
             fileops.cmd(["xfs_growfs", str(spec.staging)], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
         return device
+
+    def grow_unused(self, v: Volume, staging: Path, device: str) -> bool:
+        """Grow ``v``'s ext4 offline while it is staged at ``staging`` and nothing else mounts it (no pod has it
+        published): unmount the staging mount, grow (:mod:`csi.offlinegrow`), mount it again with the options it had.
+        False, having changed nothing, when anything else mounts the filesystem (the caller grows it online)."""
+        table = mounts.mount_table()
+        entry = mounts.find_mount(staging, table)
+        if entry is None or not holders.holds(v, self.backing(v), staging):
+            raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {staging}; stage it again")
+        if any(e.dev == entry.dev and e.mount_id != entry.mount_id for e in table):
+            return False
+        options = [o for o in entry.options if o in PER_MOUNT_FLAGS | {"ro"}]
+        options += [o for o in entry.super_options if o not in ("rw", "ro")]
+        mounts.unmount_top(staging)
+        try:
+            offlinegrow.grow(Path(device), self.grow_marker(v))
+        except offlinegrow.Busy as e:  # mounted elsewhere after all: grown online, as a volume in use is
+            self.log.info("not grown offline", volume_id=v.volume_id, reason=str(e))
+            return False
+        finally:  # staged again whatever happened; a kill before this leaves it to the next NodeStageVolume
+            mounts.mount(device, staging, "ext4", options)
+        return True
 
     def _mount(self, v: Volume, spec: StageSpec, do_mount: Callable[[tuple[str, ...]], None]) -> None:
         """Mount with the requested flags; a failure that goes away without them is the flags' (INVALID_ARGUMENT)."""

@@ -62,11 +62,11 @@ def stats(host: NodeHost, volume_id: str, path: Path) -> VolumeStats:
         return VolumeStats(None, None, problem)
     fs = mounts.fs_stats(path)
     if v.is_subvolume:
-        fs = _subvolume_usage(v, backing, fs)
+        fs = subvolume_usage(v, backing, fs)
     return VolumeStats(fs.total_bytes, fs, None)
 
 
-def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsStats:
+def subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsStats:
     """statvfs sees the whole btrfs filesystem; the volume is its qgroup (referenced bytes, limit)."""
     try:
         out = run(["btrfs", "qgroup", "show", "-r", "--raw", "-f", str(backing)], 30)
@@ -80,7 +80,16 @@ def _subvolume_usage(v: Volume, backing: Path, fs: mounts.FsStats) -> mounts.FsS
     return replace(fs, total_bytes=total, available_bytes=avail, used_bytes=used)
 
 
+def in_use(host: NodeHost, v: Volume) -> bool:
+    """A pod has the volume: any publish record (a kubelet that expands a volume it is mounting right after staging
+    it calls before any publish)."""
+    return bool(host.store.list_publishes(v.volume_id))
+
+
 def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: int) -> int:
+    """Grow the volume's filesystem to fill its (grown) backing: xfs online (xfs_growfs needs no capability); ext4
+    not at all when it fills the device already (grown at stage, :mod:`csi.pvsize`), offline when no pod has it
+    published (:meth:`NodeHost.grow_unused`), online otherwise, which needs CAP_SYS_RESOURCE."""
     v = host.volume(volume_id)
     rec, _ = where(host, v, path)
     host.check_kind(v, kind, "")  # a block capability for a filesystem volume would skip growing the filesystem
@@ -97,8 +106,13 @@ def expand(host: NodeHost, volume_id: str, path: Path, *, kind: str, required: i
         return size
     if not holders.holds(v, host.backing(v), rec.staging_path):
         raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {rec.staging_path}; stage it again")
-    if v.fs_type == "xfs":
+    have = None if v.fs_type == "xfs" else mounts.fs_size(device, "ext4")
+    if have is not None and size - have < 1 << 20:  # grown at stage already (csi.pvsize): nothing to grow
+        host.log.info("filesystem fills the volume already", volume_id=v.volume_id, bytes=size)
+    elif v.fs_type == "xfs":
         fileops.cmd(["xfs_growfs", rec.staging_path], FS_TIMEOUT, f"growing xfs of {v.volume_id}")
+    elif not in_use(host, v) and host.grow_unused(v, Path(rec.staging_path), device):
+        host.log.info("grown offline: no pod has it published", volume_id=v.volume_id)
     else:
         try:
             run(["resize2fs", device], FS_TIMEOUT)

@@ -8,7 +8,10 @@
    data: kubelet stages and publishes again after a reboot, and NodeStageVolume re-attaches and re-mounts;
 3. serves Identity, Controller, GroupController and Node on ``<root>/var/lib/kubelet/plugins/<driver>/csi.sock``;
 4. serves ``pluginregistration`` on ``<root>/var/lib/kubelet/plugins_registry/<driver>-reg.sock``, announcing the CSI
-   socket by its host path (see :mod:`nodeplug.pluginwatcher` for why it is not root-prefixed).
+   socket by its host path (see :mod:`nodeplug.pluginwatcher` for why it is not root-prefixed);
+5. measures how full volumes and backends are for ``/metrics`` (:mod:`csi.metrics`) and, when the agent follows a
+   Kubernetes API, adopts the pre-provisioned VolumeSnapshotContents naming this node's snapshots
+   (:mod:`csi.snapshotimport`).
 
 Readiness: ready when both sockets are served and kubelet has not rejected the registration. On a node where no
 kubelet ever dials the registration socket (a bare host, the demo, tests) the driver is still usable through its
@@ -21,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from csi import loopdev, mounts
 from csi.config import Config
 from csi.controller import ControllerServicer
 from csi.groupcontroller import GroupControllerServicer
 from csi.identity import IdentityServicer
+from csi.metrics import Sampler
 from csi.node import NodeServicer
 from csi.nodehost import NodeHost
 from csi.state import StateStore
@@ -37,6 +42,9 @@ from nodeplug.kube.events import EventType, Regarding
 from nodeplug.log import Logger
 from nodeplug.paths import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from nodeplug.plugin import AgentContext, Readiness
+
+if TYPE_CHECKING:
+    from csi.snapshotimport import SnapshotImporter
 from nodeplug.pluginwatcher import CSI_PLUGIN, RegistrationServer
 
 SUPPORTED_VERSIONS = ("1.0.0",)
@@ -72,6 +80,8 @@ class CsiPlugin:
         self._registration: RegistrationServer | None = None
         self.missing: list[str] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sampler: Sampler | None = None
+        self._importer: SnapshotImporter | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -85,13 +95,18 @@ class CsiPlugin:
         self.missing = await asyncio.to_thread(reconcile, self.manager, self.log, self._event)
         kubelet_dir = root(cfg.kubelet_dir)
         host = NodeHost(self.manager, root(f"{PLUGINS_DIR}/{cfg.driver_name}/ephemeral"), self.log)
+        pv_sizes = None
+        if self.ctx.kube is not None:  # lightkube is loaded only by an agent that follows an API server
+            from csi.pvsize import PvSizes
+
+            pv_sizes = PvSizes(self.ctx.kube, cfg.driver_name, self.log)
         server = UnixGrpcServer(self.socket_path, "csi", self.ctx.metrics, self.log, quiet=QUIET)
         server.add(csi_pb2_grpc.add_IdentityServicer_to_server, IdentityServicer(cfg.driver_name, self._probe))
         server.add(csi_pb2_grpc.add_ControllerServicer_to_server, ControllerServicer(self.manager))
         server.add(csi_pb2_grpc.add_GroupControllerServicer_to_server, GroupControllerServicer(self.manager))
         server.add(
             csi_pb2_grpc.add_NodeServicer_to_server,
-            NodeServicer(cfg, host, self.manager.locks, kubelet_dir),
+            NodeServicer(cfg, host, self.manager.locks, kubelet_dir, pv_sizes),
         )
         await server.start()
         self._server = server
@@ -113,9 +128,20 @@ class CsiPlugin:
                 self._server = None
                 raise
             self._registration = reg
+        self._sampler = Sampler(self.manager, self.ctx.metrics.registry, self.log)
+        await self._sampler.start()
+        if self.ctx.kube is not None and self.ctx.node_name:
+            self._importer = self._snapshot_importer(self.store)
+            self._importer.start()
         self.log.info("csi driver started", driver=cfg.driver_name, socket=str(self.socket_path))
 
     async def stop(self, grace: float) -> None:
+        if self._importer is not None:
+            await self._importer.stop()
+            self._importer = None
+        if self._sampler is not None:
+            await self._sampler.stop()
+            self._sampler = None
         if self._registration is not None:
             await self._registration.stop(grace)
             self._registration = None
@@ -148,6 +174,23 @@ class CsiPlugin:
         self.socket_path = self.ctx.root(csi_socket_default(section.driver_name))
         self.registration_path = self.ctx.root(registration_socket_default(section.driver_name))
         await self.start()
+
+    def _snapshot_importer(self, store: StateStore) -> SnapshotImporter:
+        """Pre-provisioned VolumeSnapshotContents naming this node's snapshots are adopted (with an API only)."""
+        from csi.snapshotimport import SnapshotImporter
+
+        async def holds(snapshot_id: str) -> bool:
+            return await asyncio.to_thread(store.get_snapshot, snapshot_id) is not None
+
+        assert self.ctx.kube is not None
+        return SnapshotImporter(
+            self.ctx.kube,
+            driver=self.config.driver_name,
+            node=self.ctx.node_name,
+            holds=holds,
+            events=self.ctx.events,
+            log=self.log,
+        )
 
     def _event(self, reason: str, note: str) -> None:
         """A reconcile finding as an Event on this Node (called from the reconcile's thread)."""

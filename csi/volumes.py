@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
-from csi import capacity
+from csi import capacity, offlinegrow
 from csi.backends import Backend, fileops
 from csi.backends.btrfs import BtrfsBackend
 from csi.backends.loopfile import LoopfileBackend
@@ -321,7 +321,13 @@ class VolumeManager:
                 raise FailedPrecondition(f"volume {volume_id} is still staged at {stage.staging_path}")
             self.backend(v.backend, "volume.backend").delete(v)
             self.store.delete_volume(volume_id)
+            with contextlib.suppress(FileNotFoundError):  # an interrupted grow's, kept for its next stage
+                self.grow_marker(volume_id).unlink()
         _log.info("volume deleted", volume_id=volume_id)
+
+    def grow_marker(self, volume_id: str) -> Path:
+        """The marker of an offline grow of the volume's filesystem under way (:mod:`csi.offlinegrow`)."""
+        return offlinegrow.marker_path(self.data_dir / "grow", volume_id)
 
     def get_volume(self, volume_id: str) -> Volume:
         return self.volume(volume_id)

@@ -15,7 +15,7 @@
           nodes: [/dev/vfio/vfio]     # extra nodes given with every device of this resource
         - name: serial
           usb: [{vendor: "0403", product: "6001", serial: "A10K3XYZ"}]    # serial is optional
-          replicas: 1                 # N pods share one device when > 1 (IDs "<id>::<k>")
+          replicas: 1                 # N pods share one device when > 1 (IDs "<id>::<k>"; N devices to DRA)
           allocation: spread          # replicas on distinct devices first (spread) or fill one device first (pack)
           forget_after_seconds: 300   # a vanished device is listed unhealthy this long, then dropped
           permissions: rw             # rw | rwm
@@ -24,8 +24,8 @@
           env: {FOO: bar}
           health: {command: [/usr/local/bin/check, "{path}"], timeout_seconds: 5, interval_seconds: 10}
           reset: {command: [/usr/local/bin/reset, "{id}"], timeout_seconds: 30}
-          offer: deviceplugin         # deviceplugin | dra | both (DRA needs dra.enabled; see deviceplugin.dra.config)
-      dra: {enabled: false, ...}      # deviceplugin.dra.config.DraConfig
+          offer: deviceplugin         # deviceplugin | dra | both (DRA: see deviceplugin.dra.config)
+      dra: {enabled: auto, ...}       # deviceplugin.dra.config.DraConfig
 
 Placeholders in ``health``/``reset`` commands: ``{id}`` (device ID without the replica suffix), ``{path}`` (first
 device node as the agent sees it, under ``host_root``), ``{address}`` (PCI address or USB sysfs name, empty for
@@ -189,8 +189,6 @@ class Resource(_Model):
     def _matchers(self) -> Resource:
         if not (self.devices or self.pci or self.usb):
             raise ValueError("expected at least one matcher: devices (globs), pci or usb")
-        if self.offer == "dra" and self.replicas != 1:
-            raise ValueError("replicas shares a device through the device plugin; with offer: dra it must be 1")
         return self
 
     @property
@@ -238,8 +236,9 @@ class Config(Section):
     @model_validator(mode="after")
     def _dra_enabled(self) -> Config:
         wanting = [r.name for r in self.resources if r.via_dra]
-        if wanting and not self.dra.enabled:
+        if wanting and self.dra.enabled is False:
             raise ValueError(
-                f"resources {', '.join(wanting)} are offered through DRA (offer: dra or both): set dra.enabled: true"
+                f"resources {', '.join(wanting)} are offered through DRA (offer: dra or both): "
+                "set dra.enabled: auto or true"
             )
         return self

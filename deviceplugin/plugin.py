@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deviceplugin import cdi
 from deviceplugin.config import Config, Resource
@@ -73,6 +73,7 @@ class DevicePlugin:
         self._lock = asyncio.Lock()
         self._started = False
         self.dra: DraDriver | None = None
+        self.dra_off = ""  # why DRA is off without a driver running (enabled: auto, no Kubernetes API)
 
     # ------------------------------------------------------------ Plugin protocol
 
@@ -93,8 +94,7 @@ class DevicePlugin:
                 for res in self.section.resources:
                     await self._start_resource(res)
             self._rewatch()
-            if self.section.dra.enabled:
-                await self._start_dra()
+            await self._start_dra()
             self._safety = asyncio.create_task(self._safety_loop(), name="deviceplugin-rescan")
             self._started = True
         except BaseException:
@@ -136,18 +136,16 @@ class DevicePlugin:
             for name, r in self.resources.items()
             if r.res.via_deviceplugin and not (r.serving and r.registered)
         ]
-        dra_ok, dra_detail = self.dra.ready if self.dra is not None else (True, "")
-        if not dra_ok:
-            waiting.append(dra_detail)
+        dra_ok, dra_detail = self.dra.ready if self.dra is not None else (True, self.dra_off)
         if waiting:
-            return Readiness(False, "; ".join(waiting))
+            return Readiness(False, "; ".join([*waiting, dra_detail] if dra_detail else waiting))
+        if not dra_ok:
+            return Readiness(False, dra_detail)
         return Readiness(
             True, f"{len(self.resources)} resources registered" + (f"; {dra_detail}" if dra_detail else "")
         )
 
-    async def reload(self, section: Any) -> None:
-        if not isinstance(section, Config):
-            raise TypeError(f"expected a deviceplugin Config, got {type(section).__name__}")
+    async def reload(self, section: Config) -> None:
         async with self._lock:
             old = self.section
             self.section = section
@@ -174,14 +172,13 @@ class DevicePlugin:
                     failed.append(f"{name}: {e}")
             if old.dra != section.dra or everything:
                 if self.dra is not None:
-                    await self.dra.stop(RELOAD_GRACE, remove=not section.dra.enabled)
+                    await self.dra.stop(RELOAD_GRACE, remove=section.dra.enabled is False)
                     self.dra = None
-                if section.dra.enabled:
-                    try:
-                        await self._start_dra()
-                    except Exception as e:
-                        self.log.error("DRA driver could not start", error=str(e))
-                        failed.append(f"dra: {e}")
+                try:
+                    await self._start_dra()
+                except Exception as e:
+                    self.log.error("DRA driver could not start", error=str(e))
+                    failed.append(f"dra: {e}")
             elif self.dra is not None:
                 self.dra.attach()  # resources restarted above get the driver's hooks again
         self._rewatch()
@@ -231,6 +228,16 @@ class DevicePlugin:
             )
 
     async def _start_dra(self) -> None:
+        """The DRA driver, as ``dra.enabled`` says: ``auto`` starts it only where the agent follows a Kubernetes API
+        (the driver then follows what the API server and kubelet answer), and never imports it otherwise."""
+        self.dra_off = ""
+        enabled = self.section.dra.enabled
+        if enabled is False:
+            return
+        if enabled == "auto" and (self.ctx.kube is None or not self.ctx.node_name):
+            self.dra_off = "DRA off: the agent follows no Kubernetes API (enabled: auto)"
+            self.log.info(self.dra_off)
+            return
         from deviceplugin.dra.driver import DraDriver
 
         dra = DraDriver(

@@ -11,8 +11,9 @@ A device is unhealthy while any reason holds, and healthy again when none does:
 - ``health``: its health command failed or timed out; with a health command configured, a newly found device
   counts as unhealthy until its first check has passed (kubelet never gets a device nobody has checked).
 
-A device *held* elsewhere (prepared for a DRA claim) is listed unhealthy to kubelet with the hold as its reason, so
-the device manager does not hand it out; its own health (:meth:`DeviceTable.reason`) is not affected by the hold.
+A replica *held* elsewhere (prepared for a DRA claim) is listed unhealthy to kubelet with the hold as its reason, so
+the device manager does not hand it out; a hold naming the physical device (a claim recorded before replicas were
+offered one by one) holds every replica of it. Its own health (:meth:`DeviceTable.reason`) is not affected.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class DeviceTable:
         self._gone_since: dict[str, float] = {}
         self._command: dict[str, str] = {}  # physical id -> why its health command failed
         self._snapshot = Snapshot(replicas=replicas)
-        self._held: dict[str, str] = {}  # physical id -> why it is not allocatable here (prepared for a DRA claim)
+        self._held: dict[str, str] = {}  # replica or physical id -> why it is not allocatable here (a DRA claim's)
 
     # ------------------------------------------------------------ inputs
 
@@ -121,8 +122,9 @@ class DeviceTable:
         return self._rebuild()
 
     def set_held(self, held: dict[str, str]) -> bool:
-        """Devices held elsewhere (physical id -> why): listed unhealthy to kubelet, with that reason, while held;
-        their health of their own (:meth:`reason`) is unchanged. True when the listing changed."""
+        """Replicas held elsewhere (replica id, or a physical id for all its replicas -> why): listed unhealthy to
+        kubelet, with that reason, while held; their health of their own (:meth:`reason`) is unchanged. True when
+        the listing changed."""
         if held == self._held:
             return False
         self._held = dict(held)
@@ -166,8 +168,10 @@ class DeviceTable:
         entries: list[Listed] = []
         for dev_id in sorted(self._devices, key=natural_key):
             dev = self._devices[dev_id]
-            why = self.reason(dev_id) or self._held.get(dev_id, "")
-            entries.extend(Listed(rid, dev, not why, why) for rid in replica_ids(dev_id, self.replicas))
+            own = self.reason(dev_id) or self._held.get(dev_id, "")
+            for rid in replica_ids(dev_id, self.replicas):
+                why = own or self._held.get(rid, "")
+                entries.append(Listed(rid, dev, not why, why))
         listing = tuple(entries)
         changed = _visible(listing) != _visible(self._snapshot.listing)
         self._snapshot = Snapshot.of(listing, self.replicas)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from nodeplug.config import AgentConfig, ConfigError, load
 from nodeplug.httpserver import HealthServer
 from nodeplug.log import get_logger
+from nodeplug.metrics import ReadinessCollector
 from nodeplug.paths import Root
 from nodeplug.plugin import AgentContext, Readiness, Spec, Started
 from nodeplug.plugins import PLUGINS
@@ -58,6 +59,9 @@ class Agent:
         self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path, node_name=node_name)
         self.plugins: dict[str, Started] = {}
         self.http = HealthServer(cfg.http.host, cfg.http.port, self.ctx.metrics, self.readiness)
+        self.ctx.metrics.registry.register(
+            ReadinessCollector(lambda: {name: r.ready for name, r in self.readiness().items()})
+        )
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._config_digest = self._digest()

@@ -11,6 +11,7 @@
     csi: {enabled: true, ...}              # csi.config.Config
     cni: {enabled: true, ...}              # cni.config.Config
     cluster_network: {enabled: true, ...}  # cni.cluster.config.ClusterConfig
+    network_policy: {enabled: true, ...}   # cni.policy.config.PolicyConfig
 
 One section per plugin of :mod:`nodeplug.plugins`. Unknown keys are errors. :func:`load` raises
 :class:`ConfigError` carrying one line per problem.
@@ -30,7 +31,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from nodeplug.configbase import format_errors
-from nodeplug.plugins import ClusterNetworkSection, CniSection, CsiSection, DevicePluginSection
+from nodeplug.plugins import (
+    ClusterNetworkSection,
+    CniSection,
+    CsiSection,
+    DevicePluginSection,
+    NetworkPolicySection,
+)
 
 
 class ConfigError(Exception):
@@ -80,6 +87,7 @@ class AgentConfig(BaseModel):
     csi: CsiSection = Field(default_factory=CsiSection)
     cni: CniSection = Field(default_factory=CniSection)
     cluster_network: ClusterNetworkSection = Field(default_factory=ClusterNetworkSection)
+    network_policy: NetworkPolicySection = Field(default_factory=NetworkPolicySection)
     # what loading had to say about the file (a moved key read at its new place); logged by the agent
     _notes: tuple[str, ...] = PrivateAttr(default=())
 

@@ -46,6 +46,12 @@ class Readiness:
     detail: str = ""
 
 
+class PodAddressHook(Protocol):
+    def added(self, namespace: str, name: str, uid: str, ips: Sequence[str]) -> None: ...
+
+    def freed(self, ips: Sequence[str]) -> None: ...
+
+
 @dataclass
 class AgentContext:
     """Everything the shell shares with the plugins."""
@@ -60,6 +66,9 @@ class AgentContext:
     # (both None in single-node mode).
     events: EventRecorder | None = None
     api_health: ApiHealth | None = None
+    # Told by the CNI server of a pod's addresses before ADD answers and before DEL frees them: the network policy
+    # registers here while it runs (called on the CNI server's worker threads; each call blocks until done).
+    pod_addresses: list[PodAddressHook] = field(default_factory=list)
 
     def logger(self, plugin: str, **bound: Any) -> Logger:
         return get_logger(plugin, **bound)

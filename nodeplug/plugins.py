@@ -11,6 +11,8 @@ from __future__ import annotations
 from cni.cluster.config import ClusterConfig as ClusterNetworkSection
 from cni.cluster.spec import SPEC as CLUSTER_NETWORK
 from cni.config import Config as CniSection
+from cni.policy.config import PolicyConfig as NetworkPolicySection
+from cni.policy.spec import SPEC as NETWORK_POLICY
 from cni.spec import SPEC as CNI
 from csi.config import Config as CsiSection
 from csi.spec import SPEC as CSI
@@ -18,6 +20,13 @@ from deviceplugin.config import Config as DevicePluginSection
 from deviceplugin.spec import SPEC as DEVICEPLUGIN
 from nodeplug.plugin import Spec
 
-PLUGINS: tuple[Spec, ...] = (DEVICEPLUGIN, CSI, CNI, CLUSTER_NETWORK)
+PLUGINS: tuple[Spec, ...] = (DEVICEPLUGIN, CSI, CNI, CLUSTER_NETWORK, NETWORK_POLICY)
 
-__all__ = ["PLUGINS", "ClusterNetworkSection", "CniSection", "CsiSection", "DevicePluginSection"]
+__all__ = [
+    "PLUGINS",
+    "ClusterNetworkSection",
+    "CniSection",
+    "CsiSection",
+    "DevicePluginSection",
+    "NetworkPolicySection",
+]

@@ -16,7 +16,7 @@ is the same socket. A test that plays kubelet on a temporary root maps the endpo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,10 @@ class RegistrationServer:
         metrics: Metrics,
         plugin: str,
         log: Logger | None = None,
+        on_status: Callable[[RegistrationStatus], None] | None = None,
     ) -> None:
+        """``on_status`` is told every status kubelet reports (and the first GetInfo), on the event loop; with it, the
+        owner logs a rejection (it may be an answer rather than a failure: DRA's ``enabled: auto``)."""
         if not name:
             raise ValueError("plugin registration needs a plugin name")
         self.socket_path = Path(socket_path)
@@ -83,6 +86,7 @@ class RegistrationServer:
         self.supported_versions = list(supported_versions)
         self.log = log or get_logger(plugin)
         self.status = RegistrationStatus()
+        self.on_status = on_status
         self._server = UnixGrpcServer(
             self.socket_path, plugin, metrics, self.log, quiet=("GetInfo", "NotifyRegistrationStatus")
         )
@@ -90,6 +94,8 @@ class RegistrationServer:
 
     def _get_info(self) -> Any:
         self.status = replace(self.status, info_calls=self.status.info_calls + 1)
+        if self.status.info_calls == 1 and self.on_status is not None:
+            self.on_status(self.status)
         return api_pb2.PluginInfo(
             type=self.plugin_type,
             name=self.name,
@@ -101,8 +107,10 @@ class RegistrationServer:
         self.status = replace(self.status, registered=registered, error=error)
         if registered:
             self.log.info("kubelet registered the plugin", name=self.name, type=self.plugin_type)
-        else:
+        elif self.on_status is None:
             self.log.error("kubelet rejected the plugin registration", name=self.name, error=error)
+        if self.on_status is not None:
+            self.on_status(self.status)
 
     async def start(self) -> None:
         self.status = RegistrationStatus()

@@ -32,7 +32,8 @@ from support.host import IS_ROOT, REPO, sh, unique
 from support.kubeassets import kube_tool
 
 # Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
-# fixtures include dp, csi_driver, ctl (the CSI controller), slow_disk and the cluster tier's dra_on.
+# fixtures include dp, csi_driver, ctl (the CSI controller), slow_disk and the cluster tier's dratest_resource;
+# skipsummary counts, at the end, the tests skipped for lack of the Kubernetes binaries; pytester tests that.
 pytest_plugins = [
     "support.dpharness",
     "support.manifests",
@@ -40,6 +41,8 @@ pytest_plugins = [
     "support.csicontroller",
     "support.slowdisk",
     "support.clusterdra",
+    "support.skipsummary",
+    "pytester",
 ]
 
 # ---------------------------------------------------------------- host snapshot for the leak check

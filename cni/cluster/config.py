@@ -9,6 +9,7 @@
         vni: 4096
         port: 4789
         underlay: ""           # interface of the node's InternalIP when empty
+        tx_checksum_offload: auto    # auto (off on kernels before 5.7) | true | false (cni.cluster.offload)
       cluster_cidrs: []        # traffic to these keeps its source, and only podCIDRs inside them are used;
                                # empty: every Node's podCIDRs no broader than broadest_pod_cidr
       broadest_pod_cidr: {ipv4: 16, ipv6: 48}   # without cluster_cidrs: the shortest podCIDR prefix accepted
@@ -39,6 +40,9 @@ class VxlanConfig(BaseModel):
     vni: int = Field(default=4096, ge=1, le=16777215)
     port: int = Field(default=4789, ge=1, le=65535)
     underlay: str = Field(default="", max_length=15)
+    # Transmit checksum offload on the VXLAN device: auto (off on kernels before 5.7, whose offloaded VXLAN checksums
+    # go wrong behind NAT), true, or false (off everywhere; cni.cluster.offload says why and what it costs)
+    tx_checksum_offload: Literal["auto"] | bool = "auto"
 
 
 def route_protocol(v: int) -> int:

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from cni.cluster import rawnl
+from cni.cluster import offload, rawnl
 from cni.cluster.model import IPAddress, IPNetwork
 from cni.cluster.plan import Changes, RouteSpec, State
 from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
@@ -209,9 +209,17 @@ def _matches(msg: Any, vni: int, port: int, local: IPAddress, underlay: int) -> 
 
 
 def ensure_vxlan(
-    nl: Rtnl, node: str, vni: int, port: int, local: IPAddress, underlay: Underlay, name: str = VXLAN_DEVICE
+    nl: Rtnl,
+    node: str,
+    vni: int,
+    port: int,
+    local: IPAddress,
+    underlay: Underlay,
+    name: str = VXLAN_DEVICE,
+    tx_checksum_offload: bool = False,
 ) -> VxlanDevice:
-    """The VXLAN device, up, with MTU = underlay MTU - overhead; kept as it is when it already matches."""
+    """The VXLAN device, up, with MTU = underlay MTU - overhead and transmit checksum offload as asked
+    (:mod:`cni.cluster.offload`); kept as it is when it already matches."""
     mtu = underlay.mtu - VXLAN_OVERHEAD[local.version]
     msg = get_link(nl, name)
     created = False
@@ -246,6 +254,10 @@ def ensure_vxlan(
             set_link(nl, index, [("IFLA_MTU", mtu)])
         except NetlinkError as e:
             raise KernelError(f"set the MTU of {name} to {mtu}: {_reason(e)}") from None
+    try:
+        offload.ensure_tx_checksum(name, tx_checksum_offload)
+    except offload.OffloadError as e:
+        raise KernelError(str(e)) from None
     if not int(msg["flags"]) & IFF_UP:
         try:
             set_link(nl, index, flags=IFF_UP, change=IFF_UP)

@@ -31,89 +31,40 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import socket
 import time
-from collections.abc import Mapping, Set
+from collections.abc import Set
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
-from prometheus_client import Counter, Gauge, Histogram
 
-from cni.cluster import kernel, masq, teardown, uninstall
+from cni.cluster import apiserver, kernel, masq, offload, teardown, uninstall
 from cni.cluster.config import ClusterConfig
+from cni.cluster.findings import Findings, Metrics, Outcome
 from cni.cluster.model import (
-    NETWORK_UNAVAILABLE,
-    VTEP_ADDRESS,
-    VTEP_MAC,
     IPAddress,
     IPNetwork,
     NodeInfo,
     Vtep,
-    network_unavailable,
     parse_node,
     slim_node,
 )
-from cni.cluster.plan import Local, RouteSpec, State, changes, desired
+from cni.cluster.ownnode import OwnNode
+from cni.cluster.plan import Local, State, changes, desired
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
 from nodeplug.fsutil import write_atomic
-from nodeplug.kube import KubeClient, KubeError, ListWatch
+from nodeplug.kube import KubeClient, ListWatch
 from nodeplug.kube.events import EventRecorder, Regarding
 from nodeplug.kube.health import ApiHealth
 from nodeplug.log import Logger
-from nodeplug.metrics import RPC_BUCKETS
 
-CONDITION_REASON = "NodeplugRoutesProgrammed"
 CURE = (
     "run kube-controller-manager with --allocate-node-cidrs --cluster-cidr=<cluster CIDR>, or set it by hand: "
     'kubectl patch node {node} -p \'{{"spec":{{"podCIDRs":["10.244.1.0/24"]}}}}\''
 )
-
-
-class Metrics:
-    """The cluster network's collectors: made with the plugin, added to the agent's registry while it runs (so that
-    a plugin stopped and started again by a config reload registers them again without clashing)."""
-
-    def __init__(self) -> None:
-        self.pass_seconds = Histogram(
-            "nodeplug_cluster_reconcile_seconds", "Cluster network reconcile passes, by kind (full or incremental).",
-            ["kind"], buckets=RPC_BUCKETS, registry=None,
-        )  # fmt: skip
-        self.changed = Counter(
-            "nodeplug_cluster_kernel_changes",
-            "Routes, FDB and neighbour entries set or deleted, by outcome (done, or failed: the kernel refused it).",
-            ["outcome"],
-            registry=None,
-        )
-        self.withdrawn = Counter(
-            "nodeplug_cluster_routes_withdrawn",
-            "Routes of the agent's protocol withdrawn because the path to the API server ran through them.",
-            registry=None,
-        )
-        self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=None)
-
-    def collectors(self) -> tuple[Histogram, Counter, Counter, Gauge]:
-        return (self.pass_seconds, self.changed, self.withdrawn, self.peers)
-
-
-@dataclass
-class Outcome:
-    """What one reconcile pass found (for readiness, the doctor and logs)."""
-
-    paths: dict[tuple[str, int], str] = field(default_factory=dict)
-    unrouted: dict[tuple[str, int], str] = field(default_factory=dict)
-    failed: dict[tuple[str, int], str] = field(default_factory=dict)  # planned, but the kernel refused it
-    problems: list[str] = field(default_factory=list)
-    own_refused: tuple[tuple[IPNetwork, str], ...] = ()
-    own_programmed: bool = False  # this node has a pod subnet and every planned change landed
-    vtep: Vtep | None = None
-    mtu: int | None = None
 
 
 class ClusterNetwork:
@@ -136,12 +87,9 @@ class ClusterNetwork:
         self.subnets_path = subnets_path
         self.log = log.bind(node=node)
         self.nodes: dict[str, NodeInfo] = {}
-        self.own_annotations: Mapping[str, Any] = {}
-        self.own_condition: tuple[str, str] | None = None  # this Node's NetworkUnavailable (status, reason)
-        self._condition_failures = 0
         self.synced = False
-        self.own_seen = False
         self.watch = ListWatch(kube, Node, log=self.log, transform=slim_node, keep_objects=False)
+        self.own = OwnNode(kube, node, self.log, self.watch.backoff, self._dirty_full)
         self.outcome = Outcome()
         self.have = State.empty()
         self._dirty = asyncio.Event()
@@ -151,11 +99,8 @@ class ClusterNetwork:
         self._nl: Rtnl | None = None
         self._subnets: NodeSubnets | None = None
         self._masq: tuple[Any, ...] | None = None
-        self._published: tuple[str, str] | None = None
-        self._publish_failures = 0
-        self._logged: frozenset[tuple[str, str]] = frozenset()  # (reason, detail) of the findings said already
         self.metrics = metrics or Metrics()
-        self.events = events
+        self.findings = Findings(node, self.metrics, self.log, events)
         self.health = health
         self.api_addresses: tuple[IPAddress, ...] = ()  # where the API server is, as this agent reaches it
         self.withdrawn: dict[IPNetwork, str] = {}  # our routes taken away because the API server's path ran there
@@ -164,6 +109,11 @@ class ClusterNetwork:
         self.marker = marker_path
         self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
+
+    def _dirty_full(self) -> None:
+        """Ask for a full pass (a write to this Node the API server refused is tried again after it)."""
+        self._full = True
+        self._dirty.set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -214,22 +164,15 @@ class ClusterNetwork:
             elif ev.type == "DELETED":  # the key is the Node's name (its last state is not kept)
                 self.nodes.pop(ev.key, None)
                 if ev.key == self.node:
-                    self.own_seen = False
-                    self.own_annotations = {}
+                    self.own.forget()
             else:
                 assert ev.obj is not None
                 info = parse_node(ev.obj)
                 if info is None:
                     continue
                 self.nodes[info.name] = info
-                if info.name == self.node:
-                    self.own_seen = True
-                    notes = ev.obj.metadata.annotations if ev.obj.metadata is not None else None
-                    self.own_annotations = notes if isinstance(notes, dict) else {}
-                    condition = network_unavailable(ev.obj)
-                    if condition != self.own_condition and condition != ("False", CONDITION_REASON):
-                        self._full = True  # set to something else (a cloud node controller at registration)
-                    self.own_condition = condition
+                if info.name == self.node and self.own.update(ev.obj):
+                    self._full = True  # its NetworkUnavailable set to something else: the next full pass clears it
             if self.synced:
                 self._dirty.set()
 
@@ -260,41 +203,23 @@ class ClusterNetwork:
             if full:
                 last_full = time.monotonic()
             self.outcome = outcome
-            self._report(outcome)
-            await self._publish(outcome.vtep)
-            if full and outcome.own_programmed:
-                await self._network_available()
+            self.findings.report(outcome)
+            await self.own.publish(outcome.vtep)
+            if full and outcome.own_programmed and not await self.own.network_available():
+                self._full = True
 
     # ------------------------------------------------------------ the node's lifeline: the API server
 
     async def _find_api_server(self) -> None:
-        """Keep :attr:`api_addresses` current: the server's host (resolved when it is a name) and the endpoints of
-        the ``kubernetes`` Service (in a pod the server is its ClusterIP, and packets go where kube-proxy sends
-        them), read at start and every ``resync_seconds``. A podCIDR holding one of them is never routed."""
+        """Keep :attr:`api_addresses` current (:func:`cni.cluster.apiserver.addresses`), read at start and every
+        ``resync_seconds``. A podCIDR holding one of them is never routed."""
         while True:
-            found: list[IPAddress] = []
-            host = urlsplit(self.kube.source.server).hostname or ""
-            try:
-                found.append(ipaddress.ip_address(host))
-            except ValueError:
-                with contextlib.suppress(OSError):
-                    for *_, addr in await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM):
-                        found.append(ipaddress.ip_address(str(addr[0]).split("%")[0]))
-            try:
-                endpoints = await self.kube.get_json("/api/v1/namespaces/default/endpoints/kubernetes")
-            except KubeError:  # not readable (RBAC) or the API away: what is known stays
-                endpoints = {}
-            for subset in endpoints.get("subsets") or ():
-                for a in (subset.get("addresses") or ()) if isinstance(subset, dict) else ():
-                    with contextlib.suppress(ValueError, TypeError, AttributeError):
-                        found.append(ipaddress.ip_address(a.get("ip")))
-            known = tuple(dict.fromkeys([*found, *(self.api_addresses if not endpoints else ())]))
+            known = await apiserver.addresses(self.kube, self.api_addresses)
             if known and set(known) != set(self.api_addresses):
                 self.api_addresses = known
                 self.log.info("the API server's addresses, never routed to a pod network",
                               addresses=",".join(map(str, known)))  # fmt: skip
-                self._full = True
-                self._dirty.set()
+                self._dirty_full()
             await asyncio.sleep(self.cfg.resync_seconds)
 
     async def _heal(self) -> None:
@@ -319,27 +244,16 @@ class ClusterNetwork:
                         self.withdrawn[dst] = line
                         self.metrics.withdrawn.inc()
                         self.log.warning("cluster network: route withdrawn", route=str(dst), reason=line)
-                        self._event(Regarding.node(self.node), "RouteWithdrawn", f"route to {dst} withdrawn: {line}")
+                        self.findings.event(
+                            Regarding.node(self.node), "RouteWithdrawn", f"route to {dst} withdrawn: {line}"
+                        )
                 await asyncio.sleep(self.health.interval)
 
     def _withdraw_api_paths(self) -> list[tuple[IPNetwork, str]]:
         """On the netlink thread: delete each route of ours that the path to an API server address takes."""
         if self._nl is None:
             self._nl = Rtnl()
-        out = []
-        for address in self.api_addresses:
-            path = kernel.path_to(self._nl, address)
-            if path is None or path.protocol != self.cfg.route_protocol or path.dst.prefixlen == 0:
-                continue
-            route = self.have.routes.get(path.dst) or RouteSpec(path.dst, address, vxlan=False)
-            try:
-                kernel.del_route(self._nl, route, self.cfg.route_protocol, None)
-            except kernel.KernelError as e:
-                self.log.error("cluster network: cannot withdraw a route taking the API server's path", error=str(e))
-                continue
-            self.have.routes.pop(path.dst, None)
-            out.append((path.dst, f"the path to the API server at {address} ran through it, and it did not answer"))
-        return out
+        return apiserver.withdraw(self._nl, self.api_addresses, self.have.routes, self.cfg.route_protocol, self.log)
 
     # ------------------------------------------------------------ who changes the kernel (uninstall)
 
@@ -446,7 +360,9 @@ class ClusterNetwork:
                 kernel.remove_vxlan(nl)
             out.mtu = underlay.mtu if underlay is not None else None
         elif underlay is not None and local_ip is not None:
-            vx = kernel.ensure_vxlan(nl, self.node, self.cfg.vxlan.vni, self.cfg.vxlan.port, local_ip, underlay)
+            vxlan = self.cfg.vxlan
+            vx = kernel.ensure_vxlan(nl, self.node, vxlan.vni, vxlan.port, local_ip, underlay,
+                                     tx_checksum_offload=offload.wanted(vxlan.tx_checksum_offload))  # fmt: skip
             if vx.created:
                 self.log.info("created the VXLAN device", device=kernel.VXLAN_DEVICE, mac=vx.mac, local=str(local_ip))
                 full = True  # entries of an earlier device are gone with it
@@ -533,83 +449,6 @@ class ClusterNetwork:
             self._masq = key
         except masq.MasqError as e:
             out.problems.append(str(e))
-
-    # ------------------------------------------------------------ reporting
-
-    def _report(self, o: Outcome) -> None:
-        """Metrics every pass; a log line and an Event for each new finding (each said once while it lasts)."""
-        self.metrics.peers.labels("direct").set(sum(p == "direct" for p in o.paths.values()))
-        self.metrics.peers.labels("vxlan").set(sum(p == "vxlan" for p in o.paths.values()))
-        self.metrics.peers.labels("none").set(len(o.unrouted) + len(o.failed))
-        me = Regarding.node(self.node)
-        findings: dict[tuple[str, str], tuple[Regarding, str]] = {}
-        for (peer, version), why in o.unrouted.items():
-            note = f"IPv{version} pod subnet not routed from node {self.node}: {why}"
-            findings[("PodCIDRNotRouted", note)] = (Regarding.node(peer), note)
-        for _, why in o.own_refused:
-            note = f"{why}: the pod network of this node does not use it, and pods get no address from it"
-            findings[("PodCIDRRefused", note)] = (me, note)
-        for (peer, version), why in o.failed.items():
-            findings[("RouteNotProgrammed", f"peer {peer} IPv{version}: {why}")] = (me, "")
-        for p in o.problems:
-            reason = "ForeignRouteLeftAlone" if "nodeplug does not own" in p else "ClusterNetworkProblem"
-            findings[(reason, p)] = (me, "")
-        new = set(findings) - self._logged
-        for reason, text in sorted(new):
-            regarding, note = findings[(reason, text)]
-            self.log.warning("cluster network", finding=reason, detail=text)
-            self._event(regarding, reason, note or text)
-        self._logged = frozenset(findings)
-
-    def _event(self, regarding: Regarding, reason: str, note: str) -> None:
-        if self.events is not None:
-            self.events.emit(regarding, "Warning", reason, note, action="Route")
-
-    async def _network_available(self) -> None:
-        """Set this Node's NetworkUnavailable condition to False once its pod network is programmed, as pod networks do
-        (cloud node controllers set it True at registration, and the scheduler keeps pods off such a node). Never set
-        back to True: not on a failed pass, and not when the API server errs; it is the node's network that counts."""
-        if not self.own_seen or self.own_condition == ("False", CONDITION_REASON):
-            return
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        condition = {"type": NETWORK_UNAVAILABLE, "status": "False", "reason": CONDITION_REASON,
-                     "message": "nodeplug routes this node's pod subnets to every peer", "lastTransitionTime": now,
-                     "lastHeartbeatTime": now}  # fmt: skip
-        try:
-            patch = {"status": {"conditions": [condition]}}
-            await self.kube.patch(Node.Status, self.node, patch, patch_type=PatchType.STRATEGIC)
-        except KubeError as e:  # retried with backoff (and after every full pass)
-            self._condition_failures += 1
-            delay = self.watch.backoff.delay(self._condition_failures)
-            self.log.warning(
-                "cannot set this Node's NetworkUnavailable condition", error=str(e) or repr(e), retry=delay
-            )
-            self._full = True
-            asyncio.get_running_loop().call_later(delay, self._dirty.set)
-            return
-        self._condition_failures = 0
-        self.own_condition = ("False", CONDITION_REASON)
-        self.log.info("set this Node's NetworkUnavailable condition to False", reason=CONDITION_REASON)
-
-    async def _publish(self, vtep: Vtep | None) -> None:
-        if vtep is None or not self.own_seen:
-            return
-        want = (vtep.mac, str(vtep.address))
-        have = (self.own_annotations.get(VTEP_MAC), self.own_annotations.get(VTEP_ADDRESS))
-        if have == want or self._published == want:
-            return
-        patch = {"metadata": {"annotations": {VTEP_MAC: want[0], VTEP_ADDRESS: want[1]}}}
-        try:
-            await self.kube.patch(Node, self.node, patch)
-        except KubeError as e:  # retried with backoff (and on every pass)
-            self._publish_failures += 1
-            delay = self.watch.backoff.delay(self._publish_failures)
-            self.log.warning("cannot publish this node's VTEP on its Node", error=str(e) or repr(e), retry=delay)
-            asyncio.get_running_loop().call_later(delay, self._dirty.set)
-            return
-        self._publish_failures = 0
-        self._published = want
-        self.log.info("published this node's VTEP", mac=want[0], address=want[1])
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, detail) for /readyz. Not ready while this node has no pod subnet to hand out, while the API

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from cni.cluster import uninstall
 from cni.cluster.config import ClusterConfig
-from cni.cluster.network import ClusterNetwork, Metrics
+from cni.cluster.findings import Metrics
+from cni.cluster.network import ClusterNetwork
 from nodeplug.plugin import AgentContext, Readiness
 
 

@@ -1,11 +1,11 @@
-"""The CNI dataplane: bridge, veth pair, addresses, routes and masquerading through netlink and nftables.
+"""The CNI dataplane: bridge or routed veth pair, addresses, routes and masquerading through netlink and nftables.
 
 The functions of the contract in :mod:`cni.commands` (called by the orchestration from worker threads; the host
 side is the calling thread's network namespace):
 
 - :func:`check_netns` — :mod:`cni.dataplane.netns` (before anything is leased);
 - :func:`add` / :func:`delete` — :mod:`cni.dataplane.attach` (over :mod:`bridge`, :mod:`veth`, :mod:`addrs`,
-  :mod:`masq`, :mod:`sysctl`);
+  :mod:`masq`, :mod:`sysctl`; the routed datapath's own steps in :mod:`routed`; DEL's early answer in :mod:`unlink`);
 - :func:`check` — :mod:`cni.dataplane.check`;
 - :func:`gc` — :mod:`cni.dataplane.gc`;
 - :func:`status` — :mod:`cni.dataplane.status`.

@@ -1,10 +1,15 @@
 """CHECK: the attachment still looks the way ADD left it (``prevResult``).
 
-On the host: the host veth exists (code 3 when it does not: the attachment is not here) and is a port of the bridge;
-with ``ipMasq``, a masquerade rule of the attachment matches each of its addresses. In the pod netns: ``ifname``
-exists with the MAC of prevResult's interface for it (and the configured MTU), every address prevResult gives that
-interface is on it, and every route of prevResult is in the routing table. The first difference found is the error,
-naming it.
+On the host: the host veth exists (code 3 when it does not: the attachment is not here) and is a port of the bridge,
+or, routed, the node routes each of its addresses through it; with ``ipMasq``, a masquerade rule of the attachment
+matches each of its addresses. In the pod netns: ``ifname`` exists with the MAC of prevResult's interface for it (and
+the configured MTU), every address prevResult gives that interface is on it, every route of prevResult is in the
+routing table, and, routed, each gateway is a permanent neighbour at the host veth's MAC. The first difference found
+is the error, naming it.
+
+An attachment is checked by the datapath it was made with, which the kernel shows (a host veth on a bridge is the
+bridge datapath's; one without a master that carries the pod's host routes is the routed one's): a node moving from
+one datapath to the other keeps its pods until they are recreated, and CHECK judges each as ADD made it.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ import ipaddress
 import os
 from typing import Any
 
-from cni.dataplane import masq, names
+from cni.dataplane import masq, names, routed
 from cni.dataplane.netns import open_netns
 from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, routes, socket_in
 from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni.netconf import BridgeConf
-from cni.types import Result, Route
+from cni.types import IPConfig, Result, Route
 
 
 def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Result) -> None:
@@ -31,11 +36,19 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
                 UNKNOWN_CONTAINER,
                 details=f"container {container_id} ifname {ifname} is not attached (no host interface {host_name})",
             )
-        br = get_link(nl, conf.bridge)
-        if br is None:
-            raise _mismatch(f"bridge {conf.bridge} is missing")
-        if hv.get("IFLA_MASTER") != br["index"]:
-            raise _mismatch(f"host interface {host_name} is not a port of bridge {conf.bridge}")
+        host_mac = str(hv.get("IFLA_ADDRESS") or "")
+        made_routed = False
+        if not hv.get("IFLA_MASTER"):
+            unrouted = routed.check_host(nl, host_name, int(hv["index"]), _pod_ips(prev, ifname))
+            made_routed = conf.routed or not unrouted
+            if conf.routed and unrouted:
+                raise _mismatch(unrouted)
+        if not made_routed:
+            br = get_link(nl, conf.bridge)
+            if br is None:
+                raise _mismatch(f"bridge {conf.bridge} is missing")
+            if hv.get("IFLA_MASTER") != br["index"]:
+                raise _mismatch(f"host interface {host_name} is not a port of bridge {conf.bridge}")
     pod_index = None
     for i, iface in enumerate(prev.interfaces):
         if iface.name == ifname and iface.sandbox:
@@ -58,11 +71,15 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
             if conf.mtu and mtu != conf.mtu:
                 raise _mismatch(f"interface {ifname}: MTU is {mtu}, the network config says {conf.mtu}")
             have = set(addresses(nsr, int(link["index"])))
-            for ip in prev.ips:
-                if ip.interface is not None and ip.interface != pod_index:
-                    continue
+            pod_ips = _pod_ips(prev, ifname)
+            for ip in pod_ips:
                 if ip.address not in have:
                     raise _mismatch(f"interface {ifname}: address {ip.address} is missing")
+            if made_routed:
+                families = {ip.version for ip in pod_ips}
+                wrong = routed.check_pod(nsr, ifname, int(link["index"]), families, host_mac)
+                if wrong:
+                    raise _mismatch(wrong)
             if prev.routes:
                 table = _routes(nsr)
                 for route in prev.routes:
@@ -72,11 +89,17 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
     finally:
         os.close(nsfd)
     if conf.ip_masq:
-        pod_ips = [ip for ip in prev.ips if ip.interface is None or ip.interface == pod_index]
+        pod_ips = _pod_ips(prev, ifname)
         sources = masq.sources(conf.name, host_name)
         for ip in pod_ips:
             if str(ip.address.ip) not in sources:
                 raise _mismatch(f"ipMasq: no masquerade rule for {ip.address.ip} (host interface {host_name})")
+
+
+def _pod_ips(prev: Result, ifname: str) -> list[IPConfig]:
+    """The addresses prevResult gives the pod's interface (those naming no interface too)."""
+    index = max((i for i, iface in enumerate(prev.interfaces) if iface.name == ifname and iface.sandbox), default=-1)
+    return [ip for ip in prev.ips if ip.interface is None or ip.interface == index]
 
 
 def _mismatch(what: str) -> CniError:

@@ -3,14 +3,15 @@
 Ours are recognised by their marks (:mod:`cni.dataplane.names`): a host veth by its alias naming the network, a rule by
 its comment naming the host veth and the network. Every attachment in ``valid`` maps to its host veth name; anything
 of this network not among those names goes. Other networks' veths and rules, and links without our alias, are never
-touched. Deleting a host veth takes its pod end with it.
+touched. Deleting a host veth takes its pod end with it (and its host routes); the network bridge's proxy entries
+for routed pods (:mod:`cni.dataplane.routed`) whose address the node no longer routes go too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from cni.dataplane import masq, names
+from cni.dataplane import masq, names, routed
 from cni.dataplane.nl import host_socket, links
 from cni.dataplane.veth import delete_host_end
 from cni.netconf import BridgeConf
@@ -26,6 +27,7 @@ def gc(conf: BridgeConf, valid: Collection[tuple[str, str]]) -> None:
             alias = msg.get("IFLA_IFALIAS") or ""
             if alias.startswith(prefix) and name not in keep:
                 delete_host_end(nl, name)
+        routed.forget_on_bridge(nl, conf.bridge, routed.stale_on_bridge(nl, conf.bridge))
     key = names.netkey(conf.name)
 
     def stale(comment: str) -> bool:

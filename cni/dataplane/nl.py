@@ -23,20 +23,25 @@ from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import (
     NLM_F_CREATE,
     NLM_F_EXCL,
+    NLM_F_REPLACE,
     RTEXT_FILTER_SKIP_STATS,
     RTM_DELADDR,
     RTM_DELLINK,
+    RTM_DELNEIGH,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETNEIGH,
     RTM_GETROUTE,
     RTM_NEWADDR,
     RTM_NEWLINK,
+    RTM_NEWNEIGH,
     RTM_NEWROUTE,
     RTM_SETLINK,
     NetlinkError,
     Rtnl,
     ifaddrmsg,
     ifinfmsg,
+    ndmsg,
     rtmsg,
 )
 from cni.errors import DATAPLANE, TRY_AGAIN_LATER, CniError
@@ -52,6 +57,9 @@ RT_SCOPE_LINK = 253
 RTPROT_STATIC = 4  # as `ip route add` and pyroute2 mark routes added by an administrator
 RTN_UNICAST = 1
 RT_TABLE_MAIN = 254
+RTNH_F_ONLINK = 4  # the gateway is on the link, whatever the link's addresses say
+NUD_PERMANENT = 0x80
+NTF_PROXY = 0x08  # a proxy neighbour entry: the kernel answers neighbour solicitations for the address
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
 
@@ -248,10 +256,13 @@ def addresses(nl: Rtnl, index: int) -> list[IPIface]:
 # ---------------------------------------------------------------- routes
 
 
-def route_msg(route: Route, index: int) -> Any:
-    """An rtmsg adding ``route`` out of link ``index``: via ``route.gw``, or a link route (scope link) without one;
-    ``mtu``/``advmss`` as route metrics; ``priority``, ``table`` and ``scope`` as given."""
+def route_msg(route: Route, index: int, onlink: bool = False) -> Any:
+    """An rtmsg adding ``route`` out of link ``index``: via ``route.gw`` (``onlink``: a gateway no address of the
+    link covers), or a link route (scope link) without one; ``mtu``/``advmss`` as route metrics; ``priority``,
+    ``table`` and ``scope`` as given."""
     msg = rtmsg()
+    if onlink and route.gw is not None:
+        msg["flags"] = RTNH_F_ONLINK
     msg["family"] = AF_INET if route.dst.version == 4 else AF_INET6
     msg["dst_len"] = route.dst.prefixlen
     # the header's table is 8 bits; a table named in the config also goes in RTA_TABLE, which the kernel reads first
@@ -282,9 +293,9 @@ def route_msg(route: Route, index: int) -> Any:
     return msg
 
 
-def add_route(nl: Rtnl, route: Route, index: int) -> None:
+def add_route(nl: Rtnl, route: Route, index: int, onlink: bool = False) -> None:
     """Add ``route``: NetlinkError EEXIST when the table already has a route to its destination."""
-    nl.ack(route_msg(route, index), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+    nl.ack(route_msg(route, index, onlink), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
 
 
 def routes(nl: Rtnl, family: int) -> list[Any]:
@@ -292,3 +303,66 @@ def routes(nl: Rtnl, family: int) -> list[Any]:
     request = rtmsg()
     request["family"] = family
     return nl.dump(request, RTM_GETROUTE, rtmsg)
+
+
+# ---------------------------------------------------------------- neighbours
+
+
+def neigh_msg(index: int, ip: Any, mac: str = "", proxy: bool = False) -> Any:
+    """An ndmsg for ``ip`` on link ``index``; with ``mac``, a permanent entry mapping it there; ``proxy``: a proxy
+    entry (the link answers for ``ip``)."""
+    msg = ndmsg()
+    msg["family"] = AF_INET if ip.version == 4 else AF_INET6
+    msg["ifindex"] = index
+    msg["state"] = NUD_PERMANENT
+    msg["flags"] = NTF_PROXY if proxy else 0
+    attrs: list[Attr] = [("NDA_DST", str(ip))]
+    if mac:
+        attrs.append(("NDA_LLADDR", mac))
+    msg["attrs"] = attrs
+    return msg
+
+
+def add_neighbour(nl: Rtnl, index: int, ip: Any, mac: str) -> None:
+    """A permanent neighbour entry ``ip`` -> ``mac`` on link ``index`` (never resolved, never expires)."""
+    nl.ack(neigh_msg(index, ip, mac), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_EXCL)
+
+
+def add_proxy(nl: Rtnl, index: int, ip: Any) -> None:
+    """Link ``index`` answers neighbour solicitations for ``ip`` (an existing entry is kept)."""
+    nl.ack(neigh_msg(index, ip, proxy=True), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE)
+
+
+def del_proxy(nl: Rtnl, index: int, ip: Any) -> bool:
+    """Remove the proxy entry for ``ip`` on link ``index``; False when there was none."""
+    try:
+        nl.ack(neigh_msg(index, ip, proxy=True), RTM_DELNEIGH)
+    except NetlinkError as e:
+        if e.code in (errno.ENOENT, errno.ENODEV):
+            return False
+        raise
+    return True
+
+
+def proxies(nl: Rtnl, index: int) -> list[Any]:
+    """The IPv6 addresses link ``index`` answers for (its proxy neighbour entries)."""
+    request = ndmsg()
+    request["family"] = AF_INET6
+    request["flags"] = NTF_PROXY
+    return [
+        ipaddress.ip_address(str(msg.get("NDA_DST")))
+        for msg in nl.dump(request, RTM_GETNEIGH, ndmsg)
+        if msg["ifindex"] == index and int(msg["flags"]) & NTF_PROXY and msg.get("NDA_DST")
+    ]
+
+
+def neighbours(nl: Rtnl, index: int) -> dict[str, tuple[str, int]]:
+    """``{address: (MAC, NUD state)}`` of the neighbour entries of link ``index``."""
+    out: dict[str, tuple[str, int]] = {}
+    for family in (AF_INET, AF_INET6):
+        request = ndmsg()
+        request["family"] = family
+        for msg in nl.dump(request, RTM_GETNEIGH, ndmsg):
+            if msg["ifindex"] == index and msg.get("NDA_DST"):
+                out[str(msg.get("NDA_DST"))] = (str(msg.get("NDA_LLADDR") or ""), int(msg["state"]))
+    return out

@@ -1,7 +1,7 @@
 """STATUS: can an ADD work on this node right now?
 
 Code 50 (plugin not available) when it cannot: no CAP_NET_ADMIN, no netlink socket, a non-bridge link squatting the
-bridge name, or ``ipMasq`` set while ``nft`` is not installed.
+bridge name (bridge datapath), or ``ipMasq`` set while ``nft`` is not installed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def status(conf: BridgeConf) -> None:
         raise CniError(PLUGIN_NOT_AVAILABLE, details="no CAP_NET_ADMIN: cannot create links (run as root)")
     try:
         with host_socket() as nl:
-            br = get_link(nl, conf.bridge)
+            br = None if conf.routed else get_link(nl, conf.bridge)
     except CniError as e:
         raise CniError(PLUGIN_NOT_AVAILABLE, details=e.details) from None
     if br is not None and link_kind(br) != "bridge":

@@ -1,4 +1,5 @@
-"""The veth pair: host end on the bridge, the other end created directly inside the pod's netns as ``ifname``.
+"""The veth pair: host end on the bridge (or, routed, on its own), the other end created directly inside the pod's
+netns as ``ifname``.
 
 Creating the peer in the target netns under its final name (VETH_INFO_PEER with IFLA_NET_NS_FD) is one atomic netlink
 request: when ``ifname`` is already taken in the pod, the kernel refuses it and nothing is left on either side, and
@@ -34,14 +35,16 @@ from cni.types import Interface
 
 
 def create_pair(
-    nl: Rtnl, conf: BridgeConf, bridge_index: int, host_name: str, nsfd: int, netns: str, ifname: str
+    nl: Rtnl, conf: BridgeConf, bridge_index: int | None, host_name: str, nsfd: int, netns: str, ifname: str
 ) -> tuple[Interface, Interface]:
-    """Create the pair (both ends down, the host end on the bridge); return the host end's and the pod end's result
-    interfaces. Both MACs are chosen here (random, locally administered, as the kernel would) so nobody has to ask the
-    kernel for them afterwards."""
+    """Create the pair (both ends down, the host end on the bridge ``bridge_index``, if any); return the host end's
+    and the pod end's result interfaces. Both MACs are chosen here (random, locally administered, as the kernel would)
+    so nobody has to ask the kernel for them afterwards."""
     host_mac, pod_mac = random_mac(), random_mac()
     peer: list[Attr] = [("IFLA_IFNAME", ifname), ("IFLA_NET_NS_FD", nsfd), ("IFLA_ADDRESS", pod_mac)]
-    attrs: list[Attr] = [("IFLA_IFNAME", host_name), ("IFLA_ADDRESS", host_mac), ("IFLA_MASTER", bridge_index)]
+    attrs: list[Attr] = [("IFLA_IFNAME", host_name), ("IFLA_ADDRESS", host_mac)]
+    if bridge_index is not None:
+        attrs.append(("IFLA_MASTER", bridge_index))
     if conf.mtu:
         attrs.append(("IFLA_MTU", conf.mtu))
         peer.append(("IFLA_MTU", conf.mtu))
@@ -71,15 +74,15 @@ def index_of(name: str) -> int:
         raise CniError(DATAPLANE, details=f"interface {name} vanished right after it was created: {e}") from None
 
 
-def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) -> None:
-    """Hairpin and VLAN on the bridge port, then the alias and up in one request."""
+def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) -> int:
+    """Hairpin and VLAN on the bridge port (not routed), then the alias and up in one request; the link's index."""
     index = index_of(host_name)
-    if conf.hairpin_mode:
+    if conf.hairpin_mode and not conf.routed:
         try:
             set_link(nl, index, [linkinfo(slave_kind="bridge", slave_data=[("IFLA_BRPORT_MODE", 1)])])
         except NetlinkError as e:
             raise nl_error(f"turn on hairpin mode on bridge port {host_name}", e) from None
-    if conf.vlan:
+    if conf.vlan and not conf.routed:
         try:
             add_port_vlan(nl, index, conf.vlan)
             if conf.vlan != 1:  # the default VLAN every new port starts in
@@ -90,6 +93,7 @@ def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) 
         set_link(nl, index, [("IFLA_IFALIAS", alias)], flags=IFF_UP, change=IFF_UP)
     except NetlinkError as e:
         raise nl_error(f"bring {host_name} up", e) from None
+    return index
 
 
 def delete_host_end(nl: Rtnl, host_name: str) -> bool:

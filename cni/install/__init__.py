@@ -5,6 +5,9 @@ What it owns on the host (paths under ``--root``, default ``/``)::
     /opt/cni/bin/nodeplug            symlink -> nodeplug.d/<id>/nodeplug   (what the runtime execs)
     /opt/cni/bin/nodeplug.d/<id>/    one self-contained bundle per installed build (scripts/build-cni-bundle);
                                      <id> is a hash of its content, so the same build installs to the same place
+    /opt/cni/bin/nodeplug.d/agent-socket
+                                     the agent socket the conflist names, one line: the launcher (which reads no
+                                     JSON) asks that agent first
     /etc/cni/net.d/10-nodeplug.conflist
 
 Install is atomic at every step a runtime can observe: the bundle is copied into ``nodeplug.d/.tmp-<id>-<pid>``,

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cni import thick
 from cni.install import refplugins
 from cni.install.errors import InstallError
 from nodeplug import commands
-from nodeplug.fsutil import fsync_dir
+from nodeplug.fsutil import fsync_dir, write_atomic
 
 LINK_NAME = "nodeplug"
 BUNDLE_DIR = "nodeplug.d"
@@ -44,6 +45,11 @@ class Layout:
     @property
     def conflist(self) -> Path:
         return self.conf_dir / self.conflist_name
+
+    @property
+    def socket_record(self) -> Path:
+        """Where the launcher reads the agent socket of the installed conflist (it parses no JSON)."""
+        return self.bundles / thick.SOCKET_RECORD
 
 
 # ---------------------------------------------------------------- small atomic helpers
@@ -137,6 +143,9 @@ def remove_leftovers(layout: Layout) -> None:
     """Temp files and directories of an install that crashed (only names this module makes)."""
     for stale in layout.bundles.glob(".tmp-*") if layout.bundles.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in layout.bundles.glob(f".{thick.SOCKET_RECORD}.*.tmp") if layout.bundles.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
     patterns = [(f".{LINK_NAME}.tmp-*", layout.bin_dir), *((f".{n}.*.tmp", layout.bin_dir) for n in refplugins.PLUGINS)]
     for pattern, d in [*patterns, (f".{layout.conflist_name}.tmp-*", layout.conf_dir)]:
         for stale in d.glob(pattern) if d.is_dir() else ():
@@ -189,12 +198,24 @@ def install_bundle(bundle: Path, layout: Layout, force: bool = False, say: Calla
         changed = True
     else:
         say(f"unchanged {layout.link} -> {BUNDLE_DIR}/{bid}/{LAUNCHER}")
-    keep = {bid, current}
+    keep = {bid, current, thick.SOCKET_RECORD}
     for old in layout.bundles.iterdir():
         if old.name not in keep and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
             say(f"removed old build {old}")
     return changed
+
+
+def record_socket(layout: Layout, socket: str, say: Callable[[str], None] = print) -> bool:
+    """Tell the launcher which agent socket the installed conflist names (one line, written atomically); True when it
+    changed."""
+    data = f"{socket}\n".encode()
+    path = layout.socket_record
+    if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
+        return False
+    write_atomic(path, data)
+    say(f"recorded the agent socket {socket} in {path}")
+    return True
 
 
 def remove_bundle(layout: Layout, say: Callable[[str], None] = print) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cni import thick
 from cni.install import bundle, network, refplugins
 from cni.install.bundle import Layout
 from cni.install.conflist import (
@@ -27,6 +28,7 @@ from cni.install.conflist import (
     subnet_arg,
 )
 from cni.install.errors import InputError, InstallError
+from cni.netconf import DATAPATHS
 from cni.nodesubnets import DEFAULT_PATH as DEFAULT_NODE_SUBNETS
 from nodeplug.config import AgentConfig, ConfigError, load
 from nodeplug.fsutil import fsync_dir
@@ -90,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conflist-file", type=Path, help="install this conflist instead of generating one")
     parser.add_argument("--network-name", default=DEFAULT_NETWORK, help=f"network name (default {DEFAULT_NETWORK})")
     parser.add_argument("--cni-version", default=DEFAULT_CNI_VERSION, choices=CNI_VERSIONS, help="conflist cniVersion")
+    parser.add_argument(
+        "--datapath", choices=DATAPATHS,
+        help=f"how pods are attached: routed (a veth per pod, a host route each; no bridge) or bridge (default: the "
+        f"agent config's cni.datapath, from --config, $NODEPLUG_CONFIG or {AGENT_CONFIG} when it exists; else routed)",
+    )  # fmt: skip
     parser.add_argument("--bridge", default=DEFAULT_BRIDGE, help=f"bridge name (default {DEFAULT_BRIDGE})")
     parser.add_argument(
         "--subnet", action="append", type=subnet_arg, metavar="CIDR",
@@ -110,8 +117,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="take over a nodeplug file or conflist not written here")
     parser.add_argument(
         "--config", type=Path, metavar="FILE",
-        help=f"with --uninstall: the agent config, whose cluster_network route protocol and subnets file are removed "
-        f"(default $NODEPLUG_CONFIG, else {AGENT_CONFIG} when it exists, else the built-in defaults)",
+        help=f"the agent config: its cni.datapath is the default of --datapath; with --uninstall, its cluster_network "
+        f"route protocol and subnets file are removed (default $NODEPLUG_CONFIG, else {AGENT_CONFIG} when it exists, "
+        "else the built-in defaults)",
     )  # fmt: skip
 
 
@@ -156,14 +164,29 @@ def run_install(args: argparse.Namespace) -> int:
                 raise InputError(f"{args.conflist_file}: not valid JSON: {e}") from None
             check_conflist(conf, str(args.conflist_file))
         else:
+            if args.datapath is None:
+                args.datapath = _agent_config(args).cni.datapath
             conf = generate_conflist(args)
             check_conflist(conf, "generated conflist")
     bundle.install_bundle(args.bundle, layout, args.force)
+    bundle.record_socket(layout, _agent_socket(conf, args.socket))
     refplugins.install(args.reference_plugins, layout.bin_dir, layout.bin_dir / refplugins.RECORD)
     if conf is not None:
         install_conflist(conf, layout, args.force)
     network.withdraw_uninstall(root, print)
     return 0
+
+
+def _agent_socket(conf: dict[str, Any] | None, flag: str | None) -> str:
+    """The socket the launcher asks first: the one the installed conflist's first nodeplug plugin names, else
+    ``--socket``, else the default."""
+    plugins = conf.get("plugins") if conf is not None else None
+    for p in plugins if isinstance(plugins, list) else ():
+        if isinstance(p, dict) and p.get("type") == "nodeplug":
+            where = thick.route(p)
+            if where is not None:
+                return where[0]
+    return flag or thick.DEFAULT_SOCKET
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ def subnet_arg(text: str) -> str:
 
 def generate_conflist(args: argparse.Namespace) -> dict[str, Any]:
     """The conflist for the flags: nodeplug as the main plugin with its own IPAM, one range set per subnet (or, for
-    the cluster network, per podCIDR of the node)."""
+    the cluster network, per podCIDR of the node), on ``args.datapath``."""
     if args.cluster_network:
         if args.subnet:
             raise InputError("--subnet and --cluster-network exclude each other (the node's podCIDRs are its subnets)")
@@ -46,13 +46,17 @@ def generate_conflist(args: argparse.Namespace) -> dict[str, Any]:
         ipam = {"type": PLUGIN_TYPE, "ranges": [[{"subnet": s}] for s in (args.subnet or [DEFAULT_SUBNET])]}
     plugin: dict[str, Any] = {
         "type": PLUGIN_TYPE,
+        "datapath": args.datapath,
+        # routed: no bridge is made; it stays named so that the uninstall removes the bridge of an earlier bridge
+        # datapath once its last pod is gone
         "bridge": args.bridge,
         "isGateway": True,
         "isDefaultGateway": True,
         "ipMasq": args.ip_masq and not args.cluster_network,
-        "hairpinMode": True,
         "ipam": ipam,
     }
+    if args.datapath == "bridge":
+        plugin["hairpinMode"] = True
     if args.mtu is not None:
         plugin["mtu"] = args.mtu
     if args.socket is not None:

@@ -82,12 +82,27 @@ def remove_masq_table(say: Callable[[str], None]) -> None:
     say(f"removed nftables table {family} {table}")
 
 
+def remove_policy_tables(say: Callable[[str], None]) -> None:
+    """Network policy's tables (cni.policy): with the workloads gone, nothing is left for them to protect."""
+    from cni.policy import kernel, quarantine
+    from cni.policy.ruleset import TABLE
+
+    try:
+        if kernel.remove():
+            say(f"removed nftables table inet {TABLE}")
+        if quarantine.remove():
+            say(f"removed nftables table inet {quarantine.TABLE}")
+    except (kernel.KernelError, quarantine.QuarantineError) as e:
+        say(f"left network policy's tables in place: {e}")
+
+
 def remove_unused(conf: Any, default_bridge: str, say: Callable[[str], None]) -> None:
     """Remove the conflist's bridges and nodeplug's masquerade table if unused; failures are reported, not raised."""
     try:
         for name in bridges(conf, default_bridge):
             remove_bridge(name, say)
         remove_masq_table(say)
+        remove_policy_tables(say)
     except commands.CommandError as e:
         say(f"left the network in place: {e}")
 

@@ -7,13 +7,17 @@
  * KEY=VALUE entries and stdin as it came; then ACK, GO, and the reply (exit status, length, stdout), whose stdout is
  * written out unchanged. It reads and writes no JSON: the network config travels as opaque bytes.
  *
- * Not reading the config, it cannot know the socket the config names: it asks the agent at $NODEPLUG_CNI_SOCKET (or
- * the default socket), and that agent answers NOT_HERE for a config naming another one. Whenever the agent does not
- * answer, the Python entry point takes over, told through the environment what happened so that no agent is asked
- * twice or waited for twice:
+ * Not reading the config, it cannot know the socket the config names: it asks the agent at $NODEPLUG_CNI_SOCKET, else
+ * at the socket `nodeplug install-cni` recorded for the conflist it wrote (the file NP_SOCKET_RECORD in nodeplug.d/,
+ * beside the bundles: one absolute path, written atomically), else at the default socket; that agent answers NOT_HERE
+ * for a config naming another one. Whenever the agent does not answer, the Python entry point takes over, told
+ * through the environment what happened so that no agent is asked twice or waited for twice:
  *
  *   nobody serves the socket, refuses, or closes before ACK   NODEPLUG_CNI_AGENT_TRIED=<socket>
  *   NOT_HERE                                                  nothing: Python asks the socket the config names
+ *   NAK (a request larger than that agent takes, which it     nothing: Python asks the socket the config names (the
+ *   refuses before it has read which socket it names)         same agent answers NAK again, another agent or the
+ *                                                             standalone path does the work)
  *   no ACK within the launcher's wait                         the connection itself, kept open across exec:
  *                                                             NODEPLUG_CNI_AGENT_FD, _WAITED (seconds), _TRIED;
  *                                                             Python waits out the rest of the config's agentTimeout
@@ -23,6 +27,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -141,10 +146,28 @@ static void answer(int fd, const char *path, int after_go) {
     exit(head[0]);
 }
 
-void nodeplug_fastpath(char **envp, const char *in, size_t n) {
+/* The socket install-cni recorded in <dir>/../NP_SOCKET_RECORD: an absolute path on one line (a trailing newline is
+ * allowed), shorter than sun_path, without NUL bytes. NULL when there is no such record or it is not one. */
+static const char *recorded_socket(const char *dir, char *buf, size_t size) {
+    char file[PATH_MAX];
+    if (snprintf(file, sizeof file, "%s/../%s", dir, NP_SOCKET_RECORD) >= (int)sizeof file) return NULL;
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return NULL;
+    ssize_t got = read(fd, buf, size);
+    close(fd);
+    if (got <= 0 || (size_t)got >= size) return NULL; /* empty, unreadable, or longer than any socket path */
+    if (buf[got - 1] == '\n') got--;
+    buf[got] = '\0';
+    if (buf[0] != '/' || memchr(buf, '\0', (size_t)got) != NULL || strchr(buf, '\n') != NULL) return NULL;
+    return buf;
+}
+
+void nodeplug_fastpath(char **envp, const char *in, size_t n, const char *dir) {
     const char *path = getenv(NP_ENV_SOCKET);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (path == NULL || path[0] != '/') path = NP_DEFAULT_SOCKET;
+    char recorded[sizeof addr.sun_path + 2]; /* room for the newline; a path too long for sun_path is refused below */
+    if (path == NULL || path[0] != '/') path = recorded_socket(dir, recorded, sizeof recorded);
+    if (path == NULL) path = NP_DEFAULT_SOCKET;
     if (strlen(path) >= sizeof addr.sun_path) return; /* nobody can serve it; Python says what the config names */
     memcpy(addr.sun_path, path, strlen(path) + 1);
 
@@ -180,8 +203,7 @@ void nodeplug_fastpath(char **envp, const char *in, size_t n) {
         close(fd);
         return;
     }
-    if (r == 1 && first == NP_NAK) answer(fd, path, 0); /* answered without running */
-    if (r == 1 && first == NP_NOT_HERE) {
+    if (r == 1 && (first == NP_NOT_HERE || first == NP_NAK)) { /* NAK: refused unread, perhaps not its request */
         close(fd);
         return;
     }

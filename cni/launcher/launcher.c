@@ -13,7 +13,8 @@
  * What it does itself, without starting Python:
  *
  *   VERSION   prints the one answer cni/versions.py gives (generated into protocol.h);
- *   others    reads stdin (at most NP_MAX_STDIN bytes) and hands the invocation to the warm agent (fastpath.c).
+ *   others    reads stdin (at most NP_MAX_STDIN bytes) and hands the invocation to the warm agent (fastpath.c), at
+ *             the socket install-cni recorded beside the bundles (<dir>/../NP_SOCKET_RECORD) for the conflist it wrote.
  *
  * Otherwise (no agent, a config for another agent's socket, NODEPLUG_CNI_STANDALONE set, no CNI_COMMAND) it replaces
  * itself with the entry point, giving it back exactly the stdin it read (a memory file) or, when it read none, the
@@ -151,7 +152,9 @@ int main(int argc, char **argv, char **envp) {
     size_t len;
     const char *failed = read_stdin(&data, &len);
     if (failed == NULL) {
-        nodeplug_fastpath(envp, data, len); /* returns when the entry point must run */
+        char dir[PATH_MAX];
+        own_dir(argc > 0 ? argv[0] : NULL, dir, sizeof dir);
+        nodeplug_fastpath(envp, data, len, dir); /* returns when the entry point must run */
         if (!replay_stdin(data, len)) failed = "cannot hand the network config on (memfd_create failed)";
     }
     if (failed != NULL && setenv(NP_ENV_STDIN_FAILED, failed, 1) != 0) fail("cannot set", NP_ENV_STDIN_FAILED, errno);

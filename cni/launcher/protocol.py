@@ -45,6 +45,7 @@ def header() -> str:
         ("NP_ACK_WAIT_MS", str(round(thick.LAUNCHER_ACK_WAIT * 1000))),
         ("NP_REPLY_TIMEOUT_MS", str(round(thick.REPLY_TIMEOUT * 1000))),
         ("NP_DEFAULT_SOCKET", _c_string(thick.DEFAULT_SOCKET.encode())),
+        ("NP_SOCKET_RECORD", _c_string(thick.SOCKET_RECORD.encode())),
         ("NP_ENV_SOCKET", _c_string(thick.ENV_SOCKET.encode())),
         ("NP_ENV_AGENT_FD", _c_string(thick.ENV_AGENT_FD.encode())),
         ("NP_ENV_AGENT_WAITED", _c_string(thick.ENV_AGENT_WAITED.encode())),

@@ -179,25 +179,11 @@ def _xfs_mounted(path: Path, scratch: Path) -> Iterator[Path]:
             mnt.rmdir()
 
 
-def grow_fs_offline(path: Path, fs_type: str, scratch: Path) -> None:
-    """Grow the filesystem in the unmounted file or device ``path`` to fill it.
-
-    ext4: ``e2fsck -f -p`` (also replays the journal of a copy of a mounted filesystem) then ``resize2fs``.
-    xfs: growing needs a mounted filesystem: mounted for the moment under ``scratch``, then ``xfs_growfs``.
-    """
-    if fs_type == "ext4":
-        _grow_ext4(path)
-    elif fs_type == "xfs":
-        with _xfs_mounted(path, scratch) as mnt:
-            cmd(["xfs_growfs", str(mnt)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
-    else:
-        raise Internal(f"grow: unsupported filesystem type {fs_type!r}")
-
-
 def finish_copy(path: Path, fs_type: str, grow: bool, scratch: Path) -> None:
     """Make the unmounted filesystem image ``path``, a copy of another volume, ready to be used on its own.
 
-    ext4: grown (see :func:`grow_fs_offline`) when ``grow``; a duplicate ext4 UUID is harmless.
+    ext4: checked (``e2fsck -f -p``, which also replays the journal of a copy of a mounted filesystem) and grown
+    when ``grow``; a duplicate ext4 UUID is harmless.
     xfs: two mounted xfs with one UUID cannot coexist, and ``xfs_admin -U`` needs a clean log, which a copy of a
     mounted (frozen) filesystem lacks; so the copy is mounted for the moment (replaying its log), grown when
     ``grow``, unmounted, and given a new UUID.

@@ -7,7 +7,9 @@ Prepare (:meth:`Preparer.prepare`):
 2. otherwise the ResourceClaim is read from the API server (:class:`ClaimSource`) and checked against kubelet's
    namespace, name and UID (:func:`deviceplugin.dra.claims.parse_claim`);
 3. every device allocated to this driver must be in this node's pool, offered through DRA, present and healthy,
-   not prepared for another claim and not in use through the device plugin (:class:`Devices` says which);
+   not prepared for another claim and not in use through the device plugin (:class:`Devices` says which). What a
+   claim holds is the device's *unit*: the replica of a shared device (``fuse::3`` for the pool's ``fuse-fuse-3``),
+   the physical device otherwise; a claim recorded with a physical device holds all its replicas;
 4. the claim is recorded ``preparing`` with its devices and spec file, then its CDI spec is written, then the
    resources' reset commands run, then the record becomes ``prepared``. A failure in between removes the spec and
    the record, so nothing stays behind; a kill -9 in between leaves a record that unprepare (or the next prepare)
@@ -56,6 +58,12 @@ class Offered:
     resource: Resource
     device: Device
     problem: str = ""  # why it cannot be prepared now ("" when it can): unhealthy, gone
+    replica: str = ""  # the device plugin's ID of the replica this is ("" or the device's ID: not shared)
+
+    @property
+    def unit(self) -> str:
+        """What a claim of this device holds, in the device plugin's IDs: the replica, or the whole device."""
+        return self.replica or self.device.id
 
 
 class ClaimSource(Protocol):
@@ -67,8 +75,9 @@ class Devices(Protocol):
     def offered(self, name: str) -> Offered | None:
         """The device of this node's pool named ``name``, if it is one offered through DRA."""
 
-    def in_use_elsewhere(self, resource: str, device_id: str) -> str:
-        """Why the physical device is in use outside DRA now (through the device plugin), or ""."""
+    def in_use_elsewhere(self, resource: str, unit: str) -> str:
+        """Why the unit (replica or device, :attr:`Offered.unit`) is in use outside DRA now (through the device
+        plugin), or ""."""
 
     def claims_changed(self) -> None:
         """The set of prepared claims changed: recompute what the device plugin may hand out."""
@@ -94,7 +103,7 @@ class Preparer:
     cdi_dir: Path
     log: Logger
     _locks: KeyedLocks = field(default_factory=KeyedLocks, init=False)  # one coroutine at a time per claim UID
-    # (resource, device id) -> uid of the claim that holds it; admin-access preparations hold nothing
+    # (resource, unit) -> uid of the claim that holds it; admin-access preparations hold nothing
     holders: dict[tuple[str, str], str] = field(default_factory=dict, init=False)
     _who: dict[str, str] = field(default_factory=dict, init=False)  # uid -> namespace/name, of claims holding devices
 
@@ -116,7 +125,8 @@ class Preparer:
         self._who.pop(uid, None)
 
     def held(self) -> dict[str, dict[str, str]]:
-        """Per resource: physical device id -> why the device plugin may not hand it out."""
+        """Per resource: unit (replica id, or physical id for all replicas) -> why the device plugin may not hand it
+        out."""
         out: dict[str, dict[str, str]] = {}
         for (res, dev_id), uid in self.holders.items():
             out.setdefault(res, {})[dev_id] = f"prepared for DRA claim {self._who.get(uid, uid)}"
@@ -168,9 +178,9 @@ class Preparer:
             if o.problem:
                 problems.append(f"device {pool}/{name}: {o.problem}")
                 continue
-            key = (o.resource.name, o.device.id)
+            key = (o.resource.name, o.unit)
             if not admin[(pool, name)]:
-                holder = self.holders.get(key)
+                holder = self.holders.get(key) or self.holders.get((o.resource.name, o.device.id))
                 if holder is not None and holder != ref.uid:
                     who = self._who.get(holder, holder)
                     problems.append(f"device {pool}/{name}: already prepared for claim {who}")
@@ -184,7 +194,7 @@ class Preparer:
                 pool=pool,
                 device=name,
                 resource=o.resource.name,
-                device_id=o.device.id,
+                device_id=o.unit,
                 requests=tuple(reqs),
                 cdi_ids=(claimcdi.qualified(self.driver, ref.uid, name),),
                 admin_access=admin[(pool, name)],

@@ -63,6 +63,7 @@ class SlicePublisher:
         self.synced = False
         self.generation = 0
         self.last_error = ""
+        self.current = False  # the last reconcile left the slices listing exactly the devices offered
         self._node_uid: str | None = None
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,8 +114,10 @@ class SlicePublisher:
                 await self.reconcile()
                 failures = 0
                 self.last_error = ""
+                self.current = True
             except KubeError as e:
                 self.last_error = str(e)
+                self.current = False
                 delay = self.backoff.delay(failures, random.uniform)
                 failures += 1
                 level = self.log.warning if failures in (1, 10) or failures % 50 == 0 else self.log.debug

@@ -51,7 +51,7 @@ class PreparedDevice:
     pool: str
     device: str
     resource: str  # the configured resource name (fuse)
-    device_id: str  # the physical device's ID in that resource (fuse, 0000:3b:00.0)
+    device_id: str  # what it holds in that resource: a replica (fuse::3) or a physical device (fuse, 0000:3b:00.0)
     requests: tuple[str, ...]
     cdi_ids: tuple[str, ...]
     admin_access: bool = False

@@ -14,9 +14,9 @@ about (:class:`Regarding`: this Node, or the Pod, PVC or ResourceClaim concerned
   them, and the log carries the same decisions.
 
 Events about a Node are written in namespace ``default`` with ``regarding.uid`` set to the node name, as kubelet
-does, so that ``kubectl describe node`` lists them. The event's name is ``<object>.<hex time>`` (client-go's form);
-``reportingController`` is ``nodeplug.io/agent`` and ``reportingInstance`` ``nodeplug-<node>``. The RBAC is
-``create`` and ``patch`` on ``events.events.k8s.io``.
+does, so that ``kubectl describe node`` lists them. The event's name is ``<object>.<hex time>`` (client-go's form,
+the time kept increasing so that no two Events share a name); ``reportingController`` is ``nodeplug.io/agent`` and
+``reportingInstance`` ``nodeplug-<node>``. The RBAC is ``create`` and ``patch`` on ``events.events.k8s.io``.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class EventRecorder:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is queued for sending now
         self._task: asyncio.Task[None] | None = None
+        self._stamp = 0  # the last Event name's time stamp (nanoseconds), kept increasing
         self.emitted = Counter(
             "nodeplug_events", "Kubernetes Events recorded, by type and reason.", ["type", "reason"], registry=registry
         )
@@ -246,7 +247,10 @@ class EventRecorder:
             series.sent_count, series.last_patch = count, self.clock()
             return
         r = key.regarding
-        name = f"{_clip(r.name, 200)}.{int(series.first * 1e9):x}"
+        # client-go's name, <object>.<hex nanoseconds>, made unique: events first seen within one tick of the clock
+        # (a float's nanoseconds step by hundreds) would otherwise share a name, and all but one be refused
+        self._stamp = max(int(series.first * 1e9), self._stamp + 1)
+        name = f"{_clip(r.name, 200)}.{self._stamp:x}"
         event = Event(
             metadata=ObjectMeta(name=name, namespace=r.event_namespace),
             eventTime=_micro(series.first),

@@ -9,8 +9,8 @@ Suites:
 - ``netpol``: ``[sig-network] Netpol`` (NetworkPolicy; its probes go through Services, i.e. kube-proxy).
 
 Every skip carries its reason (:data:`SUITES`); the README lists them. A skip is either one the specs cannot pass
-here whatever is asked (``always``), or one the standard run leaves out (known failures with an issue, specs
-upstream marks [Slow] or [Serial]); ``--focus`` selects among every spec of the suite but the first kind.
+here whatever is asked (``always``), or one the standard run leaves out (specs upstream marks [Slow] or
+[Serial]); ``--focus`` selects among every spec of the suite but the first kind.
 
 Standard library only, like the rest of scripts/cluster.
 """
@@ -82,12 +82,6 @@ STORAGE_SKIPS = (
         "lacks it. kubelet calls NodeExpandVolume on a staged (mounted) volume, offline expansion included (xfs and "
         "block volumes grow here)",
         applies=not _cap_sys_resource(),
-    ),
-    Skip(
-        r"\[Testpattern: Pre-provisioned Snapshot",
-        "issue 23: a VolumeSnapshotContent made by hand lacks the label the node-deployment csi-snapshotter selects on "
-        "(snapshot.storage.kubernetes.io/managed-by), so it never becomes ready",
-        always=False,
     ),
     Skip(
         r"\[Serial\]",

@@ -117,24 +117,36 @@ class Node:
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text()[-n:] if self.log.exists() else ""
 
-    def netconf(self) -> dict[str, Any]:
+    def netconf(self, datapath: str = "bridge") -> dict[str, Any]:
         return {
-            "cniVersion": "1.0.0", "name": "lab", "type": "nodeplug", "bridge": "nodeplug0", "isGateway": True,
+            "cniVersion": "1.0.0", "name": "lab", "type": "nodeplug", "bridge": "nodeplug0", "datapath": datapath,
+            "isGateway": True,
             "isDefaultGateway": True, "ipMasq": False, "socket": str(self.root / "run/nodeplug/cni.sock"),
             "ipam": {"type": "nodeplug", "nodeSubnets": str(self.subnets_file),
                      "dataDir": str(self.root / "var/lib/nodeplug/ipam")},
         }  # fmt: skip
 
-    def cni(self, command: str, pod: str, cid: str) -> tuple[int, Any]:
+    def cni(self, command: str, pod: str, cid: str, args: str = "", datapath: str = "bridge") -> tuple[int, Any]:
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{pod}", "CNI_IFNAME": "eth0",
-               "CNI_PATH": "/usr/lib/cni"}  # fmt: skip
-        code, out, _ = exec_plugin(["ip", "netns", "exec", self.ns.name, ENTRY], self.netconf(), {**os.environ, **env})
+               "CNI_PATH": "/usr/lib/cni", **({"CNI_ARGS": args} if args else {})}  # fmt: skip
+        conf = self.netconf(datapath)
+        code, out, _ = exec_plugin(["ip", "netns", "exec", self.ns.name, ENTRY], conf, {**os.environ, **env})
         return code, out
 
 
 class Pod:
-    def __init__(self, node: Node, ns: Netns, cid: str, result: Any) -> None:
-        self.node, self.ns, self.cid = node, ns, cid
+    def __init__(
+        self,
+        node: Node,
+        ns: Netns,
+        cid: str,
+        result: Any,
+        namespace: str = "",
+        name: str = "",
+        datapath: str = "bridge",
+    ) -> None:
+        self.node, self.ns, self.cid, self.datapath = node, ns, cid, datapath
+        self.namespace, self.name = namespace, name
         ips = [ipaddress.ip_interface(ip["address"]).ip for ip in result["ips"]]
         self.ip4 = str(next(a for a in ips if a.version == 4))
         self.ip6 = str(next(a for a in ips if a.version == 6))
@@ -257,15 +269,56 @@ class Lab:
         """A network namespace for a pod (removed with the lab)."""
         return self._ns(role)
 
-    def add_pod(self, node: Node) -> Pod:
+    def add_pod(self, node: Node, datapath: str = "bridge") -> Pod:
         ns = self._ns(f"pod{len(self.pods)}")
         cid = f"{self.tag}-{len(self.pods)}"
-        code, result = node.cni("ADD", ns.name, cid)
+        code, result = node.cni("ADD", ns.name, cid, datapath=datapath)
         if code != 0:
             raise AssertionError(f"ADD on {node.name}: {result}\n{node.log_tail()}")
-        pod = Pod(node, ns, cid, result)
+        pod = Pod(node, ns, cid, result, datapath=datapath)
         self.pods.append(pod)
         return pod
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A Namespace and its ``default`` ServiceAccount (no controller-manager here makes it), for pods."""
+        self.api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        self.api.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": "default", "namespace": name}})  # fmt: skip
+
+    def add_k8s_pod(
+        self,
+        node: Node,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        ports: list[dict[str, Any]] | None = None,
+        report: bool = True,
+    ) -> Pod:
+        """A pod as a kubelet makes one: the Pod object (bound to ``node``) first, then CNI ADD with its
+        ``K8S_POD_*`` arguments, then (``report``) its addresses in the Pod's status."""
+        obj = self.api.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"nodeName": node.name, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "none", "ports": ports or []}]},
+        })  # fmt: skip
+        ns = self._ns(f"pod{len(self.pods)}")
+        cid = f"{self.tag}-{len(self.pods)}"
+        uid = obj["metadata"]["uid"]
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
+        code, result = node.cni("ADD", ns.name, cid, args)
+        if code != 0:
+            raise AssertionError(f"ADD on {node.name}: {result}\n{node.log_tail()}")
+        pod = Pod(node, ns, cid, result, namespace, name)
+        self.pods.append(pod)
+        if report:
+            self.report(pod)
+        return pod
+
+    def report(self, pod: Pod) -> None:
+        """The pod's addresses in its status, as kubelet reports them once the sandbox runs."""
+        status = {"status": {"phase": "Running", "podIP": pod.ip4, "podIPs": [{"ip": pod.ip4}, {"ip": pod.ip6}]}}
+        self.api.ok("PATCH", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", status,
+                    "application/merge-patch+json")  # fmt: skip
 
     def close(self) -> None:
         for node in self.nodes:

@@ -6,13 +6,18 @@ of the agent's service account bound to the Node (so RBAC and the admission poli
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ NODE = "dra-node"
 DRIVER = "devices.nodeplug.io"
 NS = "demo"
 SLICES = f"/apis/resource.k8s.io/v1beta1/resourceslices?fieldSelector=spec.nodeName%3D{NODE}"
+HTTP_PORT = 9450  # the agent's /readyz, in the cluster's network namespace (one agent at a time there)
 DRA_FLAGS = ["--feature-gates=DynamicResourceAllocation=true", "--runtime-config=resource.k8s.io/v1beta1=true"]
 
 
@@ -113,12 +119,34 @@ class Agent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.write_config()
 
-    def write_config(self, enabled: bool = True, offer: str = "both") -> None:
+    def write_config(
+        self, enabled: bool | str = True, offer: str = "both", replicas: int = 1, csi: bool = False
+    ) -> None:
+        """``enabled``: True, False or "auto"; ``csi``: the CSI driver on too."""
         self.config.write_text(
-            "http: {address: 127.0.0.1:0}\nshutdown_grace_seconds: 2\ncsi: {enabled: false}\ncni: {enabled: false}\n"
+            f"http: {{address: 127.0.0.1:{HTTP_PORT}}}\nshutdown_grace_seconds: 2\n"
+            f"csi: {{enabled: {str(csi).lower()}}}\ncni: {{enabled: false}}\ncluster_network: {{enabled: false}}\n"
             f"deviceplugin:\n  host_root: {self.host}\n  dra: {{enabled: {str(enabled).lower()}}}\n"
-            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}}}\n"
+            f"  resources:\n    - {{name: widget, devices: ['/dev/npw*'], offer: {offer}, replicas: {replicas}}}\n"
         )
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET ``path`` from the agent's health server (in the cluster's namespace); (0, error) when it does not
+        answer."""
+
+        def go() -> tuple[int, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", HTTP_PORT, timeout=5)
+            try:
+                conn.request("GET", path)
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                conn.close()
+
+        try:
+            return self.cluster.ns.call(go)  # type: ignore[no-any-return]
+        except OSError as e:
+            return 0, str(e)
 
     def mknod(self, name: str) -> None:
         os.mknod(self.host / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(1, 3))
@@ -151,6 +179,35 @@ class Agent:
 
     def claim_specs(self) -> list[str]:
         return sorted(p.name for p in self.cdi_dir.glob("k8s.*.json")) if self.cdi_dir.exists() else []
+
+
+@contextlib.contextmanager
+def running_cluster(prefix: str) -> Iterator[Cluster]:
+    """A :class:`Cluster` in a network namespace of its own, its work directory under /tmp (short socket paths);
+    both removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    ns = Netns(prefix + uuid.uuid4().hex[:6])
+    c: Cluster | None = None
+    try:
+        c = Cluster(work, ns)
+        yield c
+    finally:
+        if c is not None:
+            c.cp.close()
+        ns.delete()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_agent(cluster: Cluster) -> Iterator[Agent]:
+    """An :class:`Agent` of ``cluster`` on a temporary root (not started), killed and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
+    a = Agent(cluster, root)
+    try:
+        yield a
+    finally:
+        a.kill()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _answers(path: Path) -> bool:

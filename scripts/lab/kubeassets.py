@@ -31,13 +31,17 @@ def kube_assets() -> Path:
     return folder
 
 
+# Every reason :func:`absent` gives ends with this; the tests' end-of-run summary counts the skips that carry it.
+ABSENT = "set KUBE_ASSETS to the folder holding the Kubernetes binaries"
+
+
 def absent(*names: str) -> str:
     """Why some of ``names`` cannot be had ("" when every ``NAME.xz`` is in :func:`kube_assets`)."""
     missing = [n for n in names if not (kube_assets() / f"{n}.xz").is_file()]
     if not missing:
         return ""
     listed = ", ".join(f"{n}.xz" for n in missing)
-    return f"{kube_assets()} lacks {listed}: set KUBE_ASSETS to the folder holding the Kubernetes binaries"
+    return f"{kube_assets()} lacks {listed}: {ABSENT}"
 
 
 def binary(name: str) -> Path:

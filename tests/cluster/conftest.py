@@ -31,10 +31,18 @@ from support.localcluster import Cluster
 
 CLUSTER_UP = REPO / "scripts" / "cluster-up"
 CLUSTER_DOWN = REPO / "scripts" / "cluster-down"
+LOCK = Path("/run/lock/nodeplug-cluster.lock")  # scripts/cluster/common.py's
 NEEDED = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "kube-proxy",
           "containerd", "containerd-shim-runc-v2", "ctr", "crictl", "csi-provisioner", "csi-resizer",
           "csi-snapshotter", "snapshot-controller"]  # fmt: skip
 TOOLS = ["podman", "mmdebstrap", "nsenter", "nft", "openssl", "runc", "mkfs.btrfs"]
+
+
+def lock_holder() -> str:
+    """Who holds the machine's cluster lock now, as cluster-up writes it (``DIR (cluster-up pid N)``)."""
+    with contextlib.suppress(OSError):
+        return LOCK.read_text().strip()
+    return ""
 
 
 def skip_reason() -> str | None:
@@ -48,8 +56,21 @@ def skip_reason() -> str | None:
     return None
 
 
+# A test's hang bound in this tier, unless it names its own. It bounds the test itself, not the fixtures it uses:
+# the first test's setup brings the cluster up (on a fresh machine it builds every image first, and it waits for the
+# machine's cluster lock while another cluster runs), which scripts/cluster-up's own time limit bounds.
+TIER_TIMEOUT = 900
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``cluster_last`` (the uninstall) run after the rest of the tier."""
+    """Tests marked ``cluster_last`` (the uninstall) run after the rest of the tier; every test of the tier gets its
+    hang bound for its own body only (see :data:`TIER_TIMEOUT`)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            own = item.get_closest_marker("timeout")
+            seconds = own.args[0] if own is not None and own.args else TIER_TIMEOUT
+            item.add_marker(pytest.mark.timeout(seconds, func_only=True), append=False)
     items.sort(key=lambda i: i.get_closest_marker("cluster_last") is not None)
 
 
@@ -85,10 +106,14 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         q = subprocess.run([str(CLUSTER_DOWN), str(d)], capture_output=True, text=True, timeout=600, check=False)
         assert q.returncode == 0, f"scripts/cluster-down failed ({q.returncode}):\n{q.stderr}"
         # Besides what the session's leak check compares (mounts, network namespaces, links, loop devices): the
-        # cgroups (removable only once no process is left in them) and the node's directories.
+        # cgroups (removable only once no process is left in them) and the node's directories. Their names are the
+        # same for every cluster: once another cluster waiting for the machine's lock has taken it, they are its.
         left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
             "*/nodeplug-cluster*"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
-        assert not left, f"scripts/cluster-down left {left}"
+        if left and (holder := lock_holder()) and not holder.startswith(f"{d} "):
+            print(f"\n{left} now belong to the next cluster ({holder}): not checked")
+        else:
+            assert not left, f"scripts/cluster-down left {left}"
         if request.session.testsfailed:
             print(f"\ncluster state and logs kept in {d}")
         else:

@@ -1,8 +1,9 @@
 """The DRA driver on a real Kubernetes 1.32 node: kubelet, scheduler and controller-manager allocate and prepare
 claims against the slices the agent publishes, and containerd injects the device through the claim's CDI spec.
 
-DRA is turned on for this module by :func:`support.clusterdra.dra_on`; each test makes its own device nodes on the
-node with a name of its own, selects them by ``path`` in its claims, and removes them after."""
+DRA is on as shipped; :func:`support.clusterdra.dratest_resource` adds a resource of device nodes for this module.
+Each test makes its own device nodes on the node with a name of its own, selects them by ``path`` in its claims,
+and removes them after."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from support.clusterdra import CDI_DIR, DRIVER, claim_pod, pod_claim, slice_devi
 if TYPE_CHECKING:
     from support.localcluster import Cluster  # the fixture's type
 
-pytestmark = pytest.mark.usefixtures("dra_on")
+pytestmark = pytest.mark.usefixtures("dratest_resource")
 
 
 def test_a_new_device_node_is_in_the_slice(cluster: Cluster, devnodes: Callable[[], str]) -> None:

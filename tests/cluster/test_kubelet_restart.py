@@ -22,7 +22,7 @@ from support.clusterdra import claim_pod, template, wait_published
 if TYPE_CHECKING:
     from support.localcluster import Cluster  # the fixture's type
 
-pytestmark = pytest.mark.usefixtures("dra_on")
+pytestmark = pytest.mark.usefixtures("dratest_resource")
 
 REGISTRATION = "/pluginregistration.Registration/NotifyRegistrationStatus"
 

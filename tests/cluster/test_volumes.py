@@ -1,6 +1,7 @@
 """Volumes as users get them: a PVC of each StorageClass provisioned by external-provisioner when its pod is
-scheduled, mounted and written; grown online (the pod can write more); snapshotted and restored into a new claim with
-the data; deleted, and with it the PV and the backing file or subvolume. Then an ephemeral inline volume."""
+scheduled, mounted and written; grown online (the pod can write more); grown while no pod used it (the next pod sees
+the new size; ext4 grown offline); snapshotted and restored into a new claim with the data; deleted, and with it the
+PV and the backing file or subvolume. Then an ephemeral inline volume."""
 
 from __future__ import annotations
 
@@ -125,6 +126,33 @@ def test_expand_online(cluster: Cluster, ns: str, storage_class: str, request: p
     assert write_mib(cluster, ns, "app", size + 32), f"the grown volume does not take {size + 32} MiB"
     status = cluster.get("-n", ns, "pod", "app")["status"]["containerStatuses"][0]
     assert status["restartCount"] == 0 and "running" in status["state"]  # the same container: grown under it
+
+
+def test_expand_while_unused_then_the_next_pod_sees_it(cluster: Cluster, ns: str) -> None:
+    """nodeplug-local (ext4) grown while no pod uses it: when the next pod mounts it, NodeStageVolume reads the new
+    size from the claim's PV and grows the volume, its filesystem offline before mounting it (no CAP_SYS_RESOURCE
+    needed), and kubelet's NodeExpandVolume (1.32: after publishing) finds it grown."""
+    cluster.apply(ns, claim("data", "nodeplug-local", "64Mi"),
+                  cluster.pod("first", volumeMounts=[MOUNT], volumes=volume("data")))  # fmt: skip
+    cluster.wait_running(ns, "first")
+    cluster.exec(ns, "first", "sh", "-c", "echo kept > /data/f && sync")
+    size = mib(cluster.get("-n", ns, "pvc", "data")["status"]["capacity"]["storage"])
+    cluster.kubectl("-n", ns, "delete", "pod", "first", "--wait=true", timeout=120)
+    grown = size + 128
+    patch = json.dumps({"spec": {"resources": {"requests": {"storage": f"{grown}Mi"}}}})
+    cluster.kubectl("-n", ns, "patch", "pvc", "data", "-p", patch)
+    # external-resizer records the new size in the PV; the node grows it when a pod next mounts the claim
+    cluster.wait("the PV's new capacity", lambda: mib(bound_pv(cluster, ns, "data")["spec"]["capacity"]["storage"])
+                 >= grown, 120, explain=cluster.kubectl("-n", ns, "get", "events", check=False))  # fmt: skip
+    cluster.apply(ns, cluster.pod("second", volumeMounts=[MOUNT], volumes=volume("data")))
+    cluster.wait_running(ns, "second")
+    cluster.wait(f"PVC capacity {grown}Mi", lambda: mib(cluster.get("-n", ns, "pvc", "data")["status"]
+                 .get("capacity", {}).get("storage", "0")) >= grown, 120,
+                 explain=cluster.kubectl("-n", ns, "get", "events", check=False))  # fmt: skip
+    total_kib = int(cluster.exec(ns, "second", "sh", "-c", "df -k /data | tail -1").split()[1])
+    assert total_kib > (size + 100) * 1024, total_kib
+    assert cluster.exec(ns, "second", "cat", "/data/f").strip() == "kept"
+    assert write_mib(cluster, ns, "second", size + 32), f"the grown volume does not take {size + 32} MiB"
 
 
 def mib(quantity: str) -> int:

@@ -61,6 +61,10 @@ def test_defaults_serve_every_plugin_and_stop_cleanly(agent: AgentProcess) -> No
 
     status, metrics = get(agent.url("/metrics"))
     assert status == 200 and "nodeplug_rpc_duration_seconds" in metrics
+    # the same verdicts, per plugin, for alerts (daemonset/monitoring/)
+    ready = {line.split('"')[1]: line.rsplit(" ", 1)[1] for line in metrics.splitlines()
+             if line.startswith("nodeplug_plugin_ready{")}  # fmt: skip
+    assert ready == {"csi": "1.0", "cni": "1.0", "deviceplugin": "0.0"}, ready
     assert get(agent.url("/nope"))[0] == 404
 
     assert agent.stop() == 0

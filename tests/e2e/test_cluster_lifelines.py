@@ -1,4 +1,4 @@
-"""The cluster network never cuts its node off, whatever the Node objects say (tests/support/clusterlab.py: five
+"""The cluster network never cuts its node off, whatever the Node objects say (scripts/lab/clusterlab.py: five
 namespace nodes and a real kube-apiserver + etcd).
 
 node-4 sits behind a router, so it reaches the API server (192.168.77.250, on the other segment) through its default
@@ -68,22 +68,28 @@ def reaches_api(node: Node) -> bool:
     return status == 200 and "API server reachable" in body
 
 
+# evil's address: on node-4's segment (auto mode would route it directly) or on the other one (over VXLAN)
+NEAR, AWAY = "192.168.78.9", "192.168.77.9"
+
+
 @pytest.mark.parametrize(
-    ("cidrs", "reason"),
+    ("cidrs", "reason", "evil_ip"),
     [
-        (["192.168.77.0/24"], "holds 192.168.77.250"),  # the API server's subnet, seen from behind the router
-        (["192.168.77.248/30"], "holds 192.168.77.250"),
-        (["128.0.0.0/1"], "never a pod network"),
-        (["172.16.0.0/24"], "outside cluster_network.cluster_cidrs"),
-        (["255.255.255.0/24"], "never a pod network"),
+        (["192.168.77.0/24"], "holds 192.168.77.250", NEAR),  # the API server's subnet, seen from behind the router
+        (["192.168.77.248/30"], "holds 192.168.77.250", NEAR),
+        (["192.168.77.248/30"], "holds 192.168.77.250", AWAY),
+        (["128.0.0.0/1"], "never a pod network", NEAR),
+        (["172.16.0.0/24"], "outside cluster_network.cluster_cidrs", NEAR),
+        (["255.255.255.0/24"], "never a pod network", NEAR),
+        (["::ffff:0:0/96"], "never a pod network", NEAR),
     ],
 )
 def test_a_hostile_peer_podcidr_is_refused_with_an_event_and_the_node_keeps_its_api_server(
-    lab: Lab, cidrs: list[str], reason: str
+    lab: Lab, cidrs: list[str], reason: str, evil_ip: str
 ) -> None:
     node = far(lab)
-    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:0e:01", "nodeplug.io/vtep-address": "192.168.78.9"}
-    lab.api.node("evil", cidrs, ["192.168.78.9"], vtep)
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:0e:01", "nodeplug.io/vtep-address": evil_ip}
+    lab.api.node("evil", cidrs, [evil_ip], vtep)
     try:
         wait_for("node-4 says why it refuses evil's podCIDR", lambda: any(
             reason in str(e.get("note")) and e.get("reportingInstance") == f"nodeplug-{node.name}"
@@ -95,6 +101,25 @@ def test_a_hostile_peer_podcidr_is_refused_with_an_event_and_the_node_keeps_its_
         lab.api.ok("DELETE", "/api/v1/nodes/evil")
     wait_for("still reaching the API server after the delete", lambda: reaches_api(node), timeout=30)
     assert not any(c.split("/")[0] in ours(node) for c in cidrs)
+
+
+def test_a_peer_claiming_this_nodes_own_address_gets_neither_a_route_nor_an_fdb_entry_through_it(lab: Lab) -> None:
+    """A Node whose InternalIP and VTEP address are node-4's own: its podCIDR (inside the cluster CIDRs) would be
+    routed via node-4 itself, or its VXLAN traffic sent to node-4's own address. Neither path is taken."""
+    node = far(lab)
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:0e:02", "nodeplug.io/vtep-address": node.ip4}
+    lab.api.node("mirror", ["10.244.99.0/24"], [node.ip4], vtep)
+    try:
+        wait_for("node-4 says why it routes no podCIDR of mirror", lambda: any(
+            "an address this node depends on" in str(e.get("note"))
+            and e.get("reportingInstance") == f"nodeplug-{node.name}" for e in events(lab, "mirror")),
+            timeout=30)  # fmt: skip
+        assert "10.244.99." not in ours(node)
+        fdb = node.ns.exec("bridge", "fdb", "show", "dev", "nodeplug.vx")
+        assert "dst 192.168.77." in fdb and f"dst {node.ip4} " not in fdb, fdb  # its real peers are there, not itself
+        assert reaches_api(node)
+    finally:
+        lab.api.ok("DELETE", "/api/v1/nodes/mirror")
 
 
 def test_a_route_planted_on_the_api_servers_path_is_withdrawn(lab: Lab) -> None:
@@ -124,10 +149,12 @@ def test_readyz_is_not_ready_while_the_api_server_hangs_and_ready_when_it_return
     wait_for("ready again", lambda: node.http("/readyz")[0] == 200, timeout=60)
 
 
-def test_this_nodes_own_hostile_podcidr_gives_pods_no_address(lab: Lab) -> None:
-    """Node-3's Node object made again with the API server's subnet as its podCIDR: the agent refuses it (readiness,
-    an Event), the subnets file holds no podCIDR, and a pod's ADD fails naming the reason. Made again with a good
-    podCIDR, pods get addresses."""
+@pytest.mark.parametrize("hostile", ["192.168.77.0/24", "128.0.0.0/1"])
+def test_this_nodes_own_hostile_podcidr_gives_pods_no_address(lab: Lab, hostile: str) -> None:
+    """Node-3's Node object made again with a hostile podCIDR (its own underlay subnet, which holds the API server
+    and its gateway; half the IPv4 space): the agent refuses it (readiness, an Event), the subnets file holds no
+    podCIDR, and a pod's ADD fails naming the reason, leaving the bridge without an address from it. Made again
+    with a good podCIDR, pods get addresses."""
     node = lab.nodes[2]
 
     def again(cidrs: list[str]) -> None:  # a new Node object: its agent needs a token bound to the new one
@@ -136,17 +163,19 @@ def test_this_nodes_own_hostile_podcidr_gives_pods_no_address(lab: Lab) -> None:
         lab.register(node, cidrs=cidrs)
         node.start()
 
-    again(["192.168.77.0/24"])
+    again([hostile])
     try:
         wait_for("not ready, naming the refused podCIDR", lambda: (
-            (r := node.http("/readyz"))[0] == 503 and "podCIDR 192.168.77.0/24" in r[1]), timeout=30)  # fmt: skip
+            (r := node.http("/readyz"))[0] == 503 and f"podCIDR {hostile}" in r[1]), timeout=30)  # fmt: skip
         doc = json.loads(node.subnets_file.read_text())
-        assert doc["podCIDRs"] == [] and doc["refused"][0][0] == "192.168.77.0/24"
-        pod = lab.pod_netns("own-hostile")
-        code, out = node.cni("ADD", pod.name, "own-hostile")
-        assert code != 0 and "refused 192.168.77.0/24" in json.dumps(out), out
+        assert doc["podCIDRs"] == [] and doc["refused"][0][0] == hostile
+        cid = f"own-hostile-{hostile.split('.')[0]}"
+        pod = lab.pod_netns(cid)
+        code, out = node.cni("ADD", pod.name, cid)
+        assert code != 0 and f"refused {hostile}" in json.dumps(out), out
         assert "PodCIDRRefused" in describe(lab, node.name)
-        assert "192.168.77" not in node.ns.ip("-4", "addr", "show", "dev", "nodeplug0", check=False)
+        bridge = node.ns.ip("-4", "addr", "show", "dev", "nodeplug0", check=False)
+        assert hostile.split("/")[0].rsplit(".", 1)[0] not in bridge and "128.0.0." not in bridge, bridge
     finally:
         again([node.pod4, node.pod6])
     node.wait_ready()

@@ -1,9 +1,10 @@
-"""The cluster pod network on several nodes against a real kube-apiserver + etcd (tests/support/clusterlab.py).
+"""The cluster pod network on several nodes against a real kube-apiserver + etcd (scripts/lab/clusterlab.py).
 
 Five nodes, each a network namespace with its own agent: node-1..3 on one L2 segment, node-4 behind a router on
 another subnet (so ``auto`` mode routes 1..3 among themselves directly and to and from node-4 over VXLAN), node-5 on
-the segment but registered without a podCIDR. One pod per node, ADDed through the node's CNI entry point. Runs in
-one module-scoped lab (about a minute to build); every test leaves the lab as it found it.
+the segment but registered without a podCIDR. Two pods on each of node-1..4, ADDed through the node's CNI entry point:
+one on the bridge datapath, one on the routed datapath (connectivity and masquerade are tested on each). Runs in one
+module-scoped lab (about a minute to build); every test leaves the lab as it found it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cni.cluster import offload
 
 from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
 
@@ -88,8 +92,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             node.start()
         for node in lab.nodes[:4]:
             node.wait_ready()
-        for node in lab.nodes[:4]:
-            lab.add_pod(node)
+        for datapath in ("bridge", "routed"):
+            for node in lab.nodes[:4]:
+                lab.add_pod(node, datapath)
         servers = [WhoAmI(p.ns) for p in lab.pods] + [WhoAmI(next(n for n in lab.netns if n.name.endswith("-out")))]
         try:
             yield lab
@@ -100,15 +105,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 print(f"----- {node.name} agent log (tail)\n{node.log_tail(3000)}")
 
 
-def pods(lab: Lab) -> list[Pod]:
-    return lab.pods[:4]
+def pods(lab: Lab, datapath: str = "bridge") -> list[Pod]:
+    """The pod of each of the first four nodes on ``datapath``."""
+    return [p for p in lab.pods[:8] if p.datapath == datapath]
 
 
-def all_pairs_connected(lab: Lab) -> list[str]:
-    """Every ordered pod pair, both families: ICMP and TCP; the source address arrives unchanged."""
+def all_pairs_connected(lab: Lab, datapath: str = "bridge") -> list[str]:
+    """Every ordered pod pair of ``datapath``, both families: ICMP and TCP; the source address arrives unchanged."""
     failures = []
-    for a in pods(lab):
-        for b in pods(lab):
+    for a in pods(lab, datapath):
+        for b in pods(lab, datapath):
             if a is b:
                 continue
             for src, dst in ((a.ip4, b.ip4), (a.ip6, b.ip6)):
@@ -144,8 +150,19 @@ def neigh(node: Node) -> dict[str, str]:
 # ---------------------------------------------------------------- connectivity and paths
 
 
-def test_every_pod_reaches_every_pod_on_every_node_in_both_families_with_its_source_kept(lab: Lab) -> None:
-    assert all_pairs_connected(lab) == []
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_every_pod_reaches_every_pod_on_every_node_in_both_families_with_its_source_kept(
+    lab: Lab, datapath: str
+) -> None:
+    assert all_pairs_connected(lab, datapath) == []
+
+
+def test_pods_of_either_datapath_reach_each_other_across_nodes(lab: Lab) -> None:
+    """A node moving to the routed datapath keeps its bridged pods: they and the routed pods of other nodes talk."""
+    bridged, routed = pods(lab, "bridge"), pods(lab, "routed")
+    for a, b in [(bridged[0], routed[1]), (routed[1], bridged[0]), (routed[3], bridged[2]), (bridged[2], routed[3])]:
+        assert pings(a.ns, b.ip4) and pings(a.ns, b.ip6), (a.node.name, a.datapath, b.node.name, b.datapath)
+        assert seen_by(a.ns, b.ip4) == a.ip4
 
 
 def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(lab: Lab) -> None:
@@ -163,8 +180,8 @@ def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(la
     # node-4 reaches all three over VXLAN; node-5 (no podCIDR yet) is nobody's route
     assert {d for d, r in routes(n4, 4).items() if r["dev"] == "nodeplug.vx"} == {f"10.244.{i}.0/24" for i in (1, 2, 3)}
     # the pod MTU leaves room for the VXLAN headers (underlay 1500)
-    mtu = json.loads(lab.pods[0].ns.ip("-j", "link", "show", "eth0"))[0]["mtu"]
-    assert mtu == 1450
+    for pod in (pods(lab, "bridge")[0], pods(lab, "routed")[0]):
+        assert json.loads(pod.ns.ip("-j", "link", "show", "eth0"))[0]["mtu"] == 1450
     assert json.loads(n1.ns.ip("-j", "link", "show", "nodeplug.vx"))[0]["mtu"] == 1450
 
 
@@ -190,12 +207,36 @@ def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
         n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "110")
 
 
-def test_pod_traffic_leaving_the_cluster_is_masqueraded(lab: Lab) -> None:
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_pod_traffic_leaving_the_cluster_is_masqueraded(lab: Lab, datapath: str) -> None:
     out_ns = next(n for n in lab.netns if n.name.endswith("-out"))
-    for pod in pods(lab):
+    for pod in pods(lab, datapath):
         assert seen_by(pod.ns, OUTSIDE) == pod.node.ip4
         assert seen_by(pod.ns, "fd99::10") == pod.node.ip6
     assert out_ns is not None
+
+
+def tx_checksum(node: Node) -> str:
+    out = node.ns.exec("ethtool", "-k", "nodeplug.vx")
+    return next(line.split(":")[1].split()[0] for line in out.splitlines() if "tx-checksum-ip-generic" in line)
+
+
+@pytest.mark.skipif(not shutil.which("ethtool"), reason="needs ethtool (Debian package ethtool; scripts/setup)")
+def test_the_vxlan_checksum_offload_follows_the_config(lab: Lab) -> None:
+    """``auto`` (the default) leaves it on from kernel 5.7 (cni.cluster.offload); ``false`` turns it off, through a
+    config reload, and VXLAN traffic flows either way."""
+    n1, n4 = lab.nodes[0], lab.nodes[3]
+    assert tx_checksum(n1) == ("on" if offload.wanted("auto") else "off")
+    try:
+        for node in (n1, n4):
+            node.write_config("auto", "  vxlan: {tx_checksum_offload: false}\n")
+        wait_for("offload off", lambda: tx_checksum(n1) == tx_checksum(n4) == "off", timeout=HANG)
+        p1, p4 = pods(lab, "routed")[0], pods(lab, "routed")[3]
+        assert seen_by(p1.ns, p4.ip4) == p1.ip4 and seen_by(p4.ns, p1.ip6) == p4.ip6
+    finally:
+        for node in (n1, n4):
+            node.write_config("auto")
+    wait_for("offload as auto says", lambda: tx_checksum(n1) == ("on" if offload.wanted("auto") else "off"), HANG)
 
 
 # ---------------------------------------------------------------- a node without a podCIDR
@@ -383,6 +424,76 @@ def test_a_mode_change_rolled_node_by_node_lands_every_route_in_both_families(la
         for node in lab.nodes[:4]:
             node.write_config("auto")
         wait_for("back to auto", lambda: all(on_path(n, "auto", lab) for n in lab.nodes[:4]), timeout=30)
+
+
+def failed_changes(node: Node) -> str:
+    return next(x for x in node.http("/metrics")[1].splitlines() if 'kernel_changes_total{outcome="failed"}' in x)
+
+
+def test_auto_mode_follows_a_peer_moving_between_segments_in_both_families(lab: Lab) -> None:
+    """A peer (a Node object only: no traffic needs to reach it) whose InternalIPs move from node-1's segment to the
+    routed one and back, its VTEP address with them: node-1 moves both of its subnets from the direct path to VXLAN
+    and back (IPv6 included, where the kernel refuses a replace across the two), counting nothing as failed."""
+    n1 = lab.nodes[0]
+    before = failed_changes(n1)
+
+    def at(ip4: str, ip6: str) -> None:
+        lab.api.ok("PATCH", "/api/v1/nodes/mover", {"metadata": {"annotations": {"nodeplug.io/vtep-address": ip4}}},
+                   "application/merge-patch+json")  # fmt: skip
+        status = {"status": {"addresses": [{"type": "InternalIP", "address": a} for a in (ip4, ip6)]}}
+        lab.api.ok("PATCH", "/api/v1/nodes/mover/status", status, "application/merge-patch+json")
+
+    def paths() -> tuple[str, str]:
+        r4, r6 = routes(n1, 4).get("10.244.60.0/24"), routes(n1, 6).get("fd44:0:0:60::/64")
+        return (r4 or {}).get("dev", ""), (r6 or {}).get("dev", "")
+
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:3c:01", "nodeplug.io/vtep-address": "192.168.77.60"}
+    lab.api.node("mover", ["10.244.60.0/24", "fd44:0:0:60::/64"], ["192.168.77.60", "fd77::60"], vtep)
+    try:
+        wait_for("mover routed directly", lambda: paths() == ("eth0", "eth0"), timeout=HANG)
+        assert routes(n1, 6)["fd44:0:0:60::/64"]["gateway"] == "fd77::60"
+        at("192.168.78.60", "fd78::60")
+        wait_for("mover over VXLAN in both families", lambda: paths() == ("nodeplug.vx",) * 2, timeout=HANG)
+        assert fdb(n1)["02:00:00:00:3c:01"] == "192.168.78.60"
+        at("192.168.77.60", "fd77::60")
+        wait_for("mover routed directly again", lambda: paths() == ("eth0", "eth0"), timeout=HANG)
+        assert "02:00:00:00:3c:01" not in fdb(n1)
+        assert failed_changes(n1) == before
+    finally:
+        lab.api.ok("DELETE", "/api/v1/nodes/mover")
+    wait_for("mover's routes gone", lambda: paths() == ("", ""), timeout=HANG)
+
+
+def test_a_route_the_kernel_refuses_is_counted_failed_named_in_readyz_and_an_event_until_it_lands(lab: Lab) -> None:
+    """IPv6 switched off on node-1's VXLAN device (an operator's sysctl): the kernel refuses any IPv6 route through
+    it, whatever the fallback. The refused route is counted as failed (not done), /readyz names the peer and the
+    family, and an Event says so on node-1; once IPv6 is back, the next pass lands it."""
+    n1 = lab.nodes[0]
+    sysctl = "net.ipv6.conf.nodeplug/vx.disable_ipv6"
+
+    def failed() -> float:
+        return float(failed_changes(n1).rsplit(" ", 1)[1])
+
+    before = failed()
+    vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:3d:01", "nodeplug.io/vtep-address": "192.168.78.61"}
+    n1.ns.exec("sysctl", "-qw", f"{sysctl}=1")
+    try:
+        lab.api.node("refused6", ["10.244.61.0/24", "fd44:0:0:61::/64"], ["192.168.78.61", "fd78::61"], vtep)
+        wait_for("the IPv6 route counted as failed and named in /readyz", lambda: failed() > before and (
+            "refused6 IPv6" in n1.http("/readyz")[1]), timeout=HANG)  # fmt: skip
+        assert "10.244.61.0/24" in routes(n1, 4) and "fd44:0:0:61::/64" not in routes(n1, 6)
+        assert n1.http("/readyz")[0] == 503
+        notes = [str(e.get("note")) for e in lab.api.ok(
+            "GET", f"/apis/events.k8s.io/v1/namespaces/default/events?fieldSelector=regarding.name%3D{n1.name}"
+        )["items"] if e.get("reason") == "RouteNotProgrammed"]  # fmt: skip
+        assert any("refused6 IPv6" in n for n in notes), notes
+        n1.ns.exec("sysctl", "-qw", f"{sysctl}=0")
+        wait_for("the route lands once the kernel takes it", lambda: "fd44:0:0:61::/64" in routes(n1, 6), timeout=HANG)
+        wait_for("ready again", lambda: n1.http("/readyz")[0] == 200, timeout=HANG)
+    finally:
+        n1.ns.exec("sysctl", "-qw", f"{sysctl}=0", check=False)
+        lab.api.ok("DELETE", "/api/v1/nodes/refused6")
+    wait_for("refused6's routes gone", lambda: "10.244.61.0/24" not in routes(n1, 4), timeout=HANG)
 
 
 def test_api_server_away_keeps_the_network_and_the_agent_catches_up(lab: Lab) -> None:

@@ -1,4 +1,5 @@
-"""nodeplug in a conflist with the reference portmap, tuning and bandwidth after it, and as the reference bridge's IPAM.
+"""nodeplug in a conflist with the reference portmap, tuning and bandwidth after it (on both datapaths), and as the
+reference bridge's IPAM.
 
 The test plays the runtime: it execs each plugin of the list in order for ADD and CHECK (each gets its own config
 with name, cniVersion and the previous plugin's result as prevResult injected, plus runtimeConfig for the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -98,8 +100,25 @@ def leases(data_dir: Path, network: str) -> list[tuple[str, str]]:
         return sorted(c.execute("SELECT container_id, ip FROM leases").fetchall())
 
 
+HOST_ADDR = "10.94.0.1"  # an address of the test host (on its loopback): where the pod's hostPort is reached
+
+
+def serve_once(sh: Callable[..., str], pod: str, port: int) -> subprocess.Popen[str]:
+    """A TCP server in ``pod`` answering one connection with "pong"; wait for its first line (listening)."""
+    code = (
+        "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('0.0.0.0', {port})); s.listen(1); print('listening', flush=True)\n"
+        "s.settimeout(30); c, _ = s.accept(); c.sendall(b'pong'); c.close()\n"
+    )
+    proc = subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
 def test_conflist_with_portmap_tuning_bandwidth(
-    sh: Callable[..., str], runtime: Runtime, netns: Callable[[], str], tmp_path: Path
+    sh: Callable[..., str], runtime: Runtime, netns: Callable[[], str], tmp_path: Path, datapath: str
 ) -> None:
     netlist = {
         "cniVersion": "1.0.0",
@@ -108,6 +127,7 @@ def test_conflist_with_portmap_tuning_bandwidth(
             {
                 "type": "nodeplug",
                 "bridge": "npchain0",
+                "datapath": datapath,
                 "isDefaultGateway": True,
                 "socket": str(tmp_path / "no-agent.sock"),
                 "ipam": {
@@ -135,9 +155,13 @@ def test_conflist_with_portmap_tuning_bandwidth(
     result = runtime.add(netlist, "chain1", pod, rc)
     # our result flowed through all three, dual stack
     assert result["cniVersion"] == "1.0.0"
-    assert [ip["address"] for ip in result["ips"]] == ["10.92.0.2/24", "fd92::2/64"]
+    routed = datapath == "routed"
+    want = ["10.92.0.2/32", "fd92::2/128"] if routed else ["10.92.0.2/24", "fd92::2/64"]
+    assert [ip["address"] for ip in result["ips"]] == want
     names = [i["name"] for i in result["interfaces"]]
-    assert names[:3] == ["npchain0", names[1], "eth0"] and names[1].startswith("veth")
+    names = names[: names.index("eth0") + 1]  # bandwidth adds its ifb device after them
+    host_veth = names[-2]
+    assert names == ([] if routed else ["npchain0"]) + [host_veth, "eth0"] and host_veth.startswith("veth")
     assert leases(tmp_path / "ipam", "chainnet") == [("chain1", "10.92.0.2"), ("chain1", "fd92::2")]
     # tuning applied in the pod, portmap's DNAT in the host netns, bandwidth's qdisc on the host veth
     link = json.loads(sh("ip", "-n", pod_name, "-j", "link", "show", "eth0"))[0]
@@ -145,9 +169,19 @@ def test_conflist_with_portmap_tuning_bandwidth(
     assert sh("ip", "netns", "exec", pod_name, "sysctl", "-n", "net.ipv4.conf.eth0.accept_redirects").strip() == "0"
     nat = sh("ip", "netns", "exec", runtime.host, "iptables-save", "-t", "nat")
     assert "18080" in nat and "10.92.0.2:80" in nat
-    qdiscs = sh("ip", "netns", "exec", runtime.host, "tc", "qdisc", "show", "dev", names[1])
+    qdiscs = sh("ip", "netns", "exec", runtime.host, "tc", "qdisc", "show", "dev", host_veth)
     assert "tbf" in qdiscs or "ingress" in qdiscs
-    sh("ip", "netns", "exec", pod_name, "ping", "-c", "1", "-W", "2", "10.92.0.1")
+    # the node (an address of its own) reaches the pod's port 80 at its hostPort, and the pod reaches the node
+    sh("ip", "-n", runtime.host, "addr", "add", f"{HOST_ADDR}/32", "dev", "lo")
+    server = serve_once(sh, pod_name, 80)
+    try:
+        connect = f"import socket; print(socket.create_connection(('{HOST_ADDR}', 18080), timeout=5).recv(9).decode())"
+        got = sh("ip", "netns", "exec", runtime.host, sys.executable, "-c", connect)
+        assert got.strip() == "pong"
+    finally:
+        server.kill()
+        server.communicate()
+    sh("ip", "netns", "exec", pod_name, "ping", "-c", "1", "-W", "2", "10.92.0.1" if not routed else HOST_ADDR)
 
     # The Debian portmap (1.1.1) fails its own CHECK whatever the chain holds: it looks for its IPv4 rules in the
     # IPv6 table ("could not check ipv6 dnat"). Every other plugin of the list is checked.
@@ -155,7 +189,7 @@ def test_conflist_with_portmap_tuning_bandwidth(
     runtime.delete(netlist, "chain1", pod, rc, result)
     assert leases(tmp_path / "ipam", "chainnet") == []
     assert "18080" not in sh("ip", "netns", "exec", runtime.host, "iptables-save", "-t", "nat")
-    assert names[1] not in sh("ip", "-n", runtime.host, "-o", "link", "show")
+    assert host_veth not in sh("ip", "-n", runtime.host, "-o", "link", "show")
 
 
 def test_reference_bridge_delegates_ipam_to_nodeplug(

@@ -40,11 +40,12 @@ class Agent:
     def agent_argv(self) -> list[str]:
         return ["ip", "netns", "exec", self.host, sys.executable, "-m", "nodeplug.cli", "agent"]
 
-    def start(self) -> None:
+    def start(self, cni: str = "") -> None:
+        """``cni``: more lines of the config's cni section (indented by two spaces)."""
         cfg = self.tmp / "agent.yaml"
         cfg.write_text(
             f"http:\n  address: 127.0.0.1:{free_port()}\nshutdown_grace_seconds: 2\n"
-            "deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\ncni:\n  workers: 4\n"
+            f"deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\ncni:\n  workers: 4\n{cni}"
         )
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -113,13 +114,19 @@ def served(agent: Agent, netns: Callable[[], str], tmp_path: Path) -> tuple[dict
     return netconf(tmp_path, agent.sock), f"/run/netns/{netns()}"
 
 
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
 def test_thick_mode_add_check_del_through_the_agent(
-    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
 ) -> None:
     conf, pod = served
+    conf["datapath"] = datapath
     code, res, err = run(host, "ADD", conf, "thick1", pod)
     assert code == 0, (res, err)
-    assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
+    if datapath == "routed":
+        assert res["ips"] == [{"address": "10.94.0.2/32", "gateway": "169.254.1.1", "interface": 1}]
+        sh("ip", "-n", host, "addr", "add", "10.94.0.1/32", "dev", "lo")  # an address of the node, to ping
+    else:
+        assert res["ips"] == [{"address": "10.94.0.2/24", "gateway": "10.94.0.1", "interface": 2}]
     assert agent.served("thick1")
     sh("ip", "netns", "exec", os.path.basename(pod), "ping", "-c", "1", "-W", "2", "10.94.0.1")
     assert run(host, "CHECK", {**conf, "prevResult": res}, "thick1", pod)[:2] == (0, None)
@@ -145,10 +152,12 @@ def test_thick_mode_add_imports_no_netlink_in_the_entry_point(
     assert not {"pyroute2", "grpc", "pydantic", "cni.dataplane", "cni.commands"} & imported
 
 
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
 def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
-    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
 ) -> None:
     conf, pod = served
+    conf["datapath"] = datapath
     code, res, _ = run(host, "ADD", conf, "orphan", pod)
     assert code == 0 and leases(tmp_path) == [("orphan", "10.94.0.2")]
     agent.stop(signal.SIGKILL)  # the socket file stays behind, nobody listens
@@ -156,7 +165,63 @@ def test_del_after_the_agent_died_falls_back_and_frees_the_lease(
     code, out, err = run(host, "DEL", conf, "orphan", pod)  # no prevResult either
     assert (code, out) == (0, None), err
     assert leases(tmp_path) == []
-    assert res["interfaces"][1]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
+    assert res["interfaces"][-2]["name"] not in sh("ip", "-n", host, "-o", "link", "show")
+
+
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_thick_del_frees_everything_before_it_answers_even_with_the_agent_killed_right_after(
+    sh: Callable[..., str], agent: Agent, host: str, served: tuple[dict[str, Any], str], tmp_path: Path, datapath: str
+) -> None:
+    """The agent answers DEL before the kernel has finished freeing the veth pair: by then the lease is released,
+    both ends and their routes are gone, and an ADD of the same container into the same netns works at once; a
+    kill -9 of the agent right after the answer leaves nothing behind."""
+    conf, pod = served
+    conf["datapath"] = datapath
+
+    def host_veths() -> list[str]:
+        return [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-n", host, "-o", "link").splitlines()
+                if line.split(":")[1].strip().startswith("veth")]  # fmt: skip
+
+    for _ in range(3):
+        code, res, err = run(host, "ADD", conf, "again", pod)
+        assert code == 0, (res, err)
+        assert run(host, "DEL", conf, "again", pod)[:2] == (0, None)
+        assert leases(tmp_path) == [] and host_veths() == []
+        assert "eth0" not in sh("ip", "-n", os.path.basename(pod), "-o", "link")
+        assert sh("ip", "-n", host, "route", "show", "10.94.0.2") == ""
+    assert agent.served("again")
+    code, res, _ = run(host, "ADD", conf, "killed", pod)
+    assert code == 0, res
+    assert run(host, "DEL", conf, "killed", pod)[:2] == (0, None)
+    agent.stop(signal.SIGKILL)
+    assert leases(tmp_path) == [] and host_veths() == []
+    code, res, err = run(host, "ADD", conf, "killed", pod)  # standalone now: nothing of the old pair is in the way
+    assert code == 0, (res, err)
+    assert run(host, "DEL", conf, "killed", pod)[:2] == (0, None)
+    assert leases(tmp_path) == [] and host_veths() == []
+
+
+def test_an_oversized_request_for_another_socket_is_not_refused_by_the_launchers_agent(
+    agent: Agent, host: str, netns: Callable[[], str], tmp_path: Path, cni_bundle: Path
+) -> None:
+    """Regression (issue 18, item 6), through the bundle's launcher: the agent at the launcher's socket refuses a
+    request larger than its max_request_bytes before reading which socket it names. That refusal is the answer only
+    when the config names that agent; a config naming another socket (here nobody's) is served standalone."""
+    agent.start("  max_request_bytes: 4096\n")
+    pod = f"/run/netns/{netns()}"
+    padding = {"padding": "x" * 6000}  # an unknown key: ignored by the plugin, counted by the agent's limit
+    other = {**netconf(tmp_path, tmp_path / "absent.sock"), **padding}
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "big", "CNI_IFNAME": "eth0",
+           "CNI_NETNS": pod, "CNI_PATH": "/usr/lib/cni", "NODEPLUG_CNI_SOCKET": str(agent.sock)}  # fmt: skip
+    launcher = ["ip", "netns", "exec", host, str(cni_bundle / "nodeplug")]
+    code, res, err = exec_plugin(launcher, other, env)
+    assert code == 0 and res["ips"][0]["address"].startswith("10.94.0."), (res, err)
+    assert "CNI request refused" in agent.log.read_text() and not agent.served("big")
+    mine = {**netconf(tmp_path, agent.sock), **padding}
+    code, res, _ = exec_plugin(launcher, mine, {**env, "CNI_CONTAINERID": "big2"})
+    assert code == 1 and res["code"] == 7 and "(4096 bytes: cni.max_request_bytes" in res["details"]
+    assert exec_plugin(launcher, other, {**env, "CNI_COMMAND": "DEL"})[0] == 0
+    assert leases(tmp_path) == []
 
 
 def test_standalone_add_then_thick_del_share_the_store(

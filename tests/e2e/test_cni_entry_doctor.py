@@ -37,7 +37,7 @@ from nodeplug.plugin import AgentContext
 async def main():
     out = {}
     ctx = AgentContext(root=Root(Path(sys.argv[1])))
-    for c in [c for c in checks(Config(doctor_bridge="npdoc0"), ctx) if c.group == "cni"]:
+    for c in [c for c in checks(Config(doctor_bridge="npdoc0", datapath=sys.argv[2]), ctx) if c.group == "cni"]:
         try:
             out[c.name] = ["ok", await c.run()]
         except CheckSkipped as e:
@@ -73,7 +73,8 @@ def test_doctor_without_agent_skips(tmp_root: Path) -> None:
     assert "not installed" in got[0] and all("not serving" in g for g in got[1:])
 
 
-def test_doctor_with_agent_attaches_pings_and_frees(netns: Callable[[], str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("datapath", ["bridge", "routed"])
+def test_doctor_with_agent_attaches_pings_and_frees(netns: Callable[[], str], tmp_path: Path, datapath: str) -> None:
     host = netns()
     root = tmp_path / "root"
     root.mkdir()
@@ -98,7 +99,7 @@ def test_doctor_with_agent_attaches_pings_and_frees(netns: Callable[[], str], tm
         # the doctor runs in the root netns: a netns it adds from inside `ip netns exec` (a private mount namespace)
         # would not be visible to the agent
         p = subprocess.run(
-            [sys.executable, "-c", _RUN, str(root)],
+            [sys.executable, "-c", _RUN, str(root), datapath],
             capture_output=True,
             text=True,
             timeout=120,
@@ -113,5 +114,6 @@ def test_doctor_with_agent_attaches_pings_and_frees(netns: Callable[[], str], tm
     assert entry[0] == "ok" and "1.1.0" in entry[1]
     assert status == ["ok", "the agent can service ADD"]
     assert attach[0] == "ok", attach
-    assert "lease freed" in attach[1]
+    assert attach[1].startswith(f"{datapath}: ADD ") and "lease freed" in attach[1]
+    assert ("ping another pod" in attach[1]) == (datapath == "routed")
     assert not [n for n in os.listdir("/run/netns") if n.startswith("npdoctor-")]

@@ -43,9 +43,10 @@ APPLETS = ("sh", "ip", "ping", "cat", "sleep", "grep")
 class Podman:
     """podman confined to a temp dir and a test host netns."""
 
-    def __init__(self, tmp: Path, host_netns: str, store: Path) -> None:
+    def __init__(self, tmp: Path, host_netns: str, store: Path, datapath: str = "bridge") -> None:
         self.tmp = tmp
         self.host_netns = host_netns
+        self.datapath = datapath
         self.ipam_dir = tmp / "ipam"
         self.rootfs = tmp / "rootfs"
         self.store = store  # podman wants a runroot path of at most 50 characters
@@ -86,6 +87,7 @@ class Podman:
                 {
                     "type": "nodeplug",
                     "bridge": BRIDGE,
+                    "datapath": self.datapath,
                     "isGateway": True,
                     "isDefaultGateway": True,
                     "socket": str(self.agent_socket),
@@ -150,11 +152,15 @@ class Podman:
 
 
 @pytest.fixture
-def podman(tmp_path: Path, netns: Callable[[], str]) -> Iterator[Podman]:
+def podman(request: pytest.FixtureRequest, tmp_path: Path, netns: Callable[[], str]) -> Iterator[Podman]:
+    """podman on a nodeplug network of the bridge datapath, or of the one a test's ``datapath`` parameter names."""
     if not ENTRY.exists():
         pytest.skip(f"the CNI entry point is not installed in the venv ({ENTRY}): run scripts/setup")
     store = Path(tempfile.mkdtemp(prefix="np-pm-", dir="/tmp"))
-    pm = Podman(tmp_path, netns(), store)
+    pm = Podman(tmp_path, netns(), store, getattr(request, "param", "bridge"))
+    if pm.datapath == "routed":  # the gateways' addresses become the node's own, for the containers to ping
+        for addr in (f"{GW4}/32", f"{GW6}/128"):
+            subprocess.run(["ip", "-n", pm.host_netns, "addr", "add", addr, "dev", "lo"], check=True)
     yield pm
     pm.run("rm", "-a", "-f", "-t", "0", check=False)
     # vfs layers are plain directories, but podman leaves some of them read-only or as mount points: let it go
@@ -162,6 +168,7 @@ def podman(tmp_path: Path, netns: Callable[[], str]) -> Iterator[Podman]:
     shutil.rmtree(store, ignore_errors=True)
 
 
+@pytest.mark.parametrize("podman", ["bridge", "routed"], indirect=True)
 def test_container_sees_its_addresses_and_reaches_the_gateway(podman: Podman) -> None:
     out = podman.run(
         "run", "--rm", "--network", NETWORK, "--rootfs", str(podman.rootfs),
@@ -174,7 +181,8 @@ def test_container_sees_its_addresses_and_reaches_the_gateway(podman: Podman) ->
     assert len(v4) == 1 and ipaddress.ip_interface(v4[0]) in ipaddress.ip_network(SUBNET4)
     assert len(v6) == 1 and ipaddress.ip_interface(v6[0]).ip in ipaddress.ip_network(SUBNET6)
     assert "tentative" not in out, out
-    assert f"default via {GW4} dev eth0" in out and f"default via {GW6} dev eth0" in out
+    gw4, gw6 = ("169.254.1.1", "fe80::1") if podman.datapath == "routed" else (GW4, GW6)
+    assert f"default via {gw4} dev eth0" in out and f"default via {gw6} dev eth0" in out
     assert out.count("1 packets received") == 2, out
     assert podman.leases() == []  # --rm: DEL ran and freed both addresses
 

@@ -1,8 +1,8 @@
 """Node and Identity RPCs against the CSI spec's error-code tables and idempotency rules, through the socket.
 
-Sources: spec.md "NodeStageVolume Errors", "NodeUnstageVolume Errors", "NodePublishVolume Errors" (and its second-
-publish table for plugins with SINGLE_NODE_MULTI_WRITER), "NodeUnpublishVolume Errors", "NodeGetVolumeStats Errors",
-"NodeExpandVolume Errors", "Probe Errors"; required fields are INVALID_ARGUMENT naming the field; a second operation
+The CSI v1.12 error tables of NodeStageVolume, NodeUnstageVolume, NodePublishVolume (and its second-
+publish table for plugins with SINGLE_NODE_MULTI_WRITER), NodeUnpublishVolume, NodeGetVolumeStats,
+NodeExpandVolume and Probe; required fields are INVALID_ARGUMENT naming the field; a second operation
 in flight on a volume is ABORTED.
 """
 

@@ -90,8 +90,7 @@ async def test_bad_config_is_rejected_with_field_names(running: tuple[Harness, D
     with pytest.raises(ConfigError) as e:
         parse({"deviceplugin": bad})
     assert e.value.problems == ["deviceplugin.resources[1].pci[0].vendor: expected 4 hex digits, got '80860'"]
-    with pytest.raises(TypeError):
-        await plugin.reload(bad)
+    # the shell hands a plugin only a parsed section, so the refused file never reaches it: it keeps what it serves
     assert plugin.readiness().ready and set(plugin.resources) == {"fuse", "tun"}
 
 

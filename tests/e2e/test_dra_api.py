@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +26,18 @@ from nodeplug.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from nodeplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 from lab.controlplane import missing_assets
-from lab.dralab import DRIVER, NODE, NS, SLICES, Agent, Cluster, make_claim, start_apiserver
-from lab.netns import Netns
+from lab.dralab import (
+    DRIVER,
+    NODE,
+    NS,
+    SLICES,
+    Agent,
+    Cluster,
+    make_claim,
+    running_agent,
+    running_cluster,
+    start_apiserver,
+)
 from support.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
@@ -39,30 +47,18 @@ HANG = 60  # bounds a hang; the real waits are a fraction of a second
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    work = Path(tempfile.mkdtemp(prefix="npdra-", dir="/tmp"))
-    ns = Netns("npdra" + uuid.uuid4().hex[:6])
-    c: Cluster | None = None
-    try:
-        c = Cluster(work, ns)
+    with running_cluster("npdra") as c:
         yield c
-    finally:
-        if c is not None:
-            c.cp.close()
-        ns.delete()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture
 def agent(cluster: Cluster) -> Iterator[Agent]:
-    root = Path(tempfile.mkdtemp(prefix="npa-", dir="/tmp"))
-    a = Agent(cluster, root)
     try:
-        yield a
-    finally:
-        a.kill()
+        with running_agent(cluster) as a:
+            yield a
+    finally:  # the agent is gone: what it published and the test's claims go too
         cluster.api.request("DELETE", SLICES)
         cluster.api.request("DELETE", f"/apis/resource.k8s.io/v1beta1/namespaces/{NS}/resourceclaims")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def run(coro: Any) -> Any:
@@ -232,3 +228,112 @@ def test_the_agent_may_write_only_its_own_nodes_slices(cluster: Cluster, agent: 
         assert status == 404  # claims are readable (this one does not exist)
     finally:
         cluster.api.request("DELETE", f"/api/v1/nodes/{other['name']}")
+
+
+# what kubelet 1.32's plugin manager answers a plugin of a type it has no handler for (DynamicResourceAllocation off)
+NO_HANDLER = (
+    f"RegisterPlugin error -- no handler registered for plugin type: DRAPlugin at socket "
+    f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+)
+
+
+async def _kubelet_answers(reg: Path, registered: bool, error: str = "") -> None:
+    """What kubelet's plugin watcher does with a registration socket: GetInfo, then the outcome."""
+    async with grpc.aio.insecure_channel(f"unix://{reg}") as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        await stub.GetInfo(reg_pb2.InfoRequest(), timeout=5)
+        await stub.NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=registered, error=error), timeout=5
+        )
+
+
+def _readyz(agent: Agent, wanted: str) -> tuple[int, str]:
+    """/readyz once its deviceplugin line says ``wanted``: (status, that line)."""
+    seen: list[tuple[int, str]] = []
+
+    def probe() -> tuple[int, str] | None:
+        status, body = agent.http("/readyz")
+        line = next((x for x in body.splitlines() if x.startswith("deviceplugin: ")), body)
+        seen.append((status, line))
+        return (status, line) if wanted in line else None
+
+    try:
+        return wait_for(f"/readyz saying {wanted!r}", probe, HANG)  # type: ignore[no-any-return]
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last answer: {seen[-1:]}") from None
+
+
+def test_auto_follows_what_kubelet_answers(cluster: Cluster, agent: Agent) -> None:
+    """enabled: auto on an API server with resource.k8s.io: kubelet's registration decides. A kubelet without DRA
+    keeps the pool empty (ready, "DRA off", said once in the log); one with DRA turns it on, with a shared device's
+    replicas as devices of their own."""
+    agent.mknod("npw0")
+    agent.write_config(enabled="auto", offer="dra", replicas=3)
+    agent.start()
+    reg = agent.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+    status, line = _readyz(agent, "DRA not decided yet: waiting for kubelet's plugin watcher")
+    assert status == 200, line
+
+    run(_kubelet_answers(reg, False, NO_HANDLER))
+    status, body = _readyz(agent, "DRA off: this node's kubelet takes no DRA plugins")
+    assert status == 200 and NO_HANDLER in body  # off is an answer, not a failure
+    assert cluster.slices() == []
+    log = agent.log.read_text()
+    assert log.count("DRA off:") == 1 and "kubelet rejected" not in log
+
+    run(_kubelet_answers(reg, True))  # kubelet restarted with DRA: the plugin watcher registers the driver again
+    wait_for("the shared device's replicas in the slice",
+             lambda: set(cluster.devices()) == {"widget-npw0-0", "widget-npw0-1", "widget-npw0-2"}, HANG)  # fmt: skip
+    assert _readyz(agent, "DRA serving")[0] == 200
+
+    run(_kubelet_answers(reg, False, NO_HANDLER))  # and without it again: the pool is emptied
+    wait_for("the pool emptied", lambda: cluster.devices() == {}, HANG)
+    assert agent.log.read_text().count("DRA off:") == 2
+
+
+def test_auto_is_off_where_the_api_server_has_no_resource_api(cluster: Cluster, agent: Agent) -> None:
+    """enabled: auto on an API server without resource.k8s.io (1.32's default: DynamicResourceAllocation off, no
+    v1beta1): DRA off, whatever kubelet says; the device plugin serves the resource as before."""
+    cluster.cp.stop("apiserver")
+    try:
+        cluster.api = cluster.cp.start_apiserver()  # the same etcd and credentials, DRA off
+        agent.mknod("npw0")
+        agent.write_config(enabled="auto")
+        agent.start()
+        run(_kubelet_answers(agent.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock", True))
+        _readyz(agent, "DRA off: the API server does not serve resource.k8s.io")
+        dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+        assert run(_listing(dp_sock)) == {"npw0": "Healthy"}
+        assert agent.log.read_text().count("DRA off:") == 1
+    finally:
+        cluster.cp.stop("apiserver")
+        cluster.api = start_apiserver(cluster.cp)
+
+
+def test_a_shared_device_is_shared_replica_by_replica(cluster: Cluster, agent: Agent) -> None:
+    """replicas: 3, offered both ways: three devices in the slice; a replica the device plugin hands out leaves the
+    slice, a replica a claim holds is unhealthy to the device plugin, and the device's third replica stays offered
+    on both sides."""
+    agent.write_config(offer="both", replicas=3)
+    agent.mknod("npw0")
+    agent.start()
+    every = {"widget-npw0-0", "widget-npw0-1", "widget-npw0-2"}
+    wait_for("the three replicas in the slice", lambda: set(cluster.devices()) == every, HANG)
+    dp_sock = agent.root / "var/lib/kubelet/device-plugins/nodeplug-widget.sock"
+
+    async def allocate(replica: str) -> Any:
+        async with grpc.aio.insecure_channel(f"unix://{dp_sock}") as ch:
+            req = dp_pb2.AllocateRequest(container_requests=[dp_pb2.ContainerAllocateRequest(devices_ids=[replica])])
+            return await dp_grpc.DevicePluginStub(ch).Allocate(req, timeout=10)
+
+    run(allocate("npw0::1"))
+    wait_for("the allocated replica withheld", lambda: set(cluster.devices()) == every - {"widget-npw0-1"}, HANG)
+    uid = make_claim(cluster, "c1", "widget-npw0-2")
+    got = run(_dra(agent.dra_socket, "v1beta1", "prepare", [(NS, "c1", uid)])).claims[uid]
+    assert got.error == "" and [d.device_name for d in got.devices] == ["widget-npw0-2"]
+    assert run(_listing(dp_sock)) == {"npw0::0": "Healthy", "npw0::1": "Healthy", "npw0::2": "Unhealthy"}
+    late = make_claim(cluster, "c2", "widget-npw0-1")  # from a slice read before the Allocate
+    assert "in use through the device plugin" in run(_dra(agent.dra_socket, "v1beta1", "prepare",
+                                                          [(NS, "c2", late)])).claims[late].error  # fmt: skip
+    assert run(_dra(agent.dra_socket, "v1beta1", "unprepare", [(NS, "c1", uid)])).claims[uid].error == ""
+    assert run(_listing(dp_sock))["npw0::2"] == "Healthy"

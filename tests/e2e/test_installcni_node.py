@@ -67,9 +67,9 @@ class Node:
         return ["nsenter", f"--net=/run/netns/{self.hostns}", *argv]
 
     def cni(self, command: str, conf: dict[str, Any], **env: str) -> tuple[int, dict[str, Any]]:
-        # the launcher asks this node's agent socket, not the machine's default (a real agent may serve that one)
-        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"],
-                thick.ENV_SOCKET: str(self.socket), **env}  # fmt: skip
+        # no $NODEPLUG_CNI_SOCKET (no runtime sets it): the launcher asks the agent install-cni recorded for the
+        # conflist, this node's (under its root), not the machine's default (a real agent may serve that one)
+        full = {"CNI_COMMAND": command, "CNI_PATH": str(self.root / "opt/cni/bin"), "PATH": os.environ["PATH"], **env}
         code, out, _ = exec_plugin(self.nsenter(str(self.root / "opt/cni/bin/nodeplug")), conf, full)
         return code, out or {}
 
@@ -90,7 +90,8 @@ def node(tmp_path: Path, netns: Callable[[], str], bundle: Path) -> Node:
     args = command_of("install-cni")
     args = [a for a in args if not a.startswith("--bundle=")]
     argv = [*args, "--root", str(n.root), "--bundle", str(bundle), "--socket", str(n.socket),
-            "--ipam-data-dir", str(n.ipam), "--node-subnets", str(n.subnets)]  # fmt: skip
+            "--ipam-data-dir", str(n.ipam), "--node-subnets", str(n.subnets),
+            "--config", str(REPO / "daemonset/agent.yaml")]  # the ConfigMap the init container mounts  # fmt: skip
     p = subprocess.run([sys.executable, "-m", "nodeplug.cli", *argv], capture_output=True, text=True, timeout=120,
                        check=False, cwd=REPO)  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -130,6 +131,9 @@ def test_standalone_then_thick_through_the_installed_bundle(
     conf = node.network()
     # the cluster network: no per-pod masquerade (the agent masquerades what leaves the cluster CIDRs)
     assert conf["ipMasq"] is False and conf["socket"] == str(node.socket)
+    assert conf["datapath"] == "routed"  # the shipped agent config's cni.datapath
+    record = node.root / "opt/cni/bin/nodeplug.d" / thick.SOCKET_RECORD
+    assert record.read_text() == f"{node.socket}\n"  # the conflist's socket, for the launcher (which reads no JSON)
     assert conf["ipam"]["nodeSubnets"] == str(node.subnets)
     if Path("/usr/lib/cni/loopback").exists():  # the image's reference plugins, put where the host has none
         assert (node.root / "opt/cni/bin/loopback").is_file() and (node.root / "opt/cni/bin/portmap").is_file()
@@ -138,7 +142,7 @@ def test_standalone_then_thick_through_the_installed_bundle(
     # No agent yet (the DaemonSet's pod is starting): the bundle does the work itself, in this node's podCIDRs.
     code, result = node.cni("ADD", conf, **env)
     assert code == 0, result
-    assert [ip["address"] for ip in result["ips"]] == ["10.94.0.2/24", "fd94::2/64"]
+    assert [ip["address"] for ip in result["ips"]] == ["10.94.0.2/32", "fd94::2/128"]
     link = json.loads(subprocess.run(["ip", "-n", podns, "-j", "link", "show", "eth0"], capture_output=True,
                                      text=True, check=True, timeout=10).stdout)[0]  # fmt: skip
     assert link["mtu"] == 1450

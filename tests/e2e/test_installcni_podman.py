@@ -97,7 +97,8 @@ class Podman:
 def installed(tmp_path: Path, bundle: Path) -> Path:
     root = tmp_path / "host"
     p = install_cni(
-        root, "--bundle", str(bundle), "--network-name", NETWORK, "--bridge", BRIDGE, "--subnet", SUBNET,
+        root, "--bundle", str(bundle), "--network-name", NETWORK, "--datapath", "bridge", "--bridge", BRIDGE,
+        "--subnet", SUBNET,
         "--no-ip-masq", "--socket", str(tmp_path / NO_AGENT),
         "--ipam-data-dir", str(tmp_path / "ipam"),
     )  # fmt: skip

@@ -194,6 +194,14 @@ def test_rbac_binds_the_pods_service_account_without_wildcards_or_secrets(
     }
     assert needed <= granted, needed - granted
     assert not {g for g in granted if g[1] in ("nodes", "nodes/status") and g[2] in ("update", "delete", "create")}
+    # network policy: exactly list and watch of networkpolicies, namespaces and pods, cluster-wide, and nothing else
+    policy = roles[("ClusterRole", "nodeplug-network-policy")]
+    assert {(g, r, v) for rule in policy["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]} == {(g, r, v) for g, r in (("networking.k8s.io", "networkpolicies"),
+                                        ("", "namespaces"), ("", "pods")) for v in ("list", "watch")}  # fmt: skip
+    assert not {g for g in granted if g[1] == "networkpolicies" and g[2] not in ("list", "watch")}
+    assert not {g for g in granted if g[1] == "namespaces" and g[2] not in ("list", "watch")}
+    assert {g[2] for g in granted if g[1] == "pods"} == {"list", "watch", "get"}  # get: the provisioner's, below
     # Not needed: no attacher; leader election for the resizer only, in the driver's namespace only. Endpoints: only
     # the kubernetes Service's, in default, read (where the API server is: never routed to a pod network).
     assert not {g for g in granted if g[1] == "volumeattachments"}

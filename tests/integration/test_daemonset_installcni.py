@@ -106,9 +106,10 @@ def test_an_upgrade_switches_the_link_and_keeps_only_the_previous_build(host: Pa
     assert cni(host, "--bundle", str(b1)) == 0
     assert cni(host, "--bundle", str(b2)) == 0
     assert os.readlink(link(host)) == f"nodeplug.d/{ids[1]}/nodeplug"
-    assert sorted(p.name for p in builds.iterdir()) == sorted(ids[:2])  # a plugin still running from b1 keeps it
+    record = ["agent-socket"]  # the conflist's agent socket, for the launcher (it reads no JSON)
+    assert sorted(p.name for p in builds.iterdir()) == sorted(ids[:2] + record)  # still running from b1: kept
     assert cni(host, "--bundle", str(b3)) == 0
-    assert sorted(p.name for p in builds.iterdir()) == sorted(ids[1:])
+    assert sorted(p.name for p in builds.iterdir()) == sorted(ids[1:] + record)
 
 
 def test_a_bundle_that_does_not_answer_version_is_never_linked(host: Path, bundle: Path, tmp_path: Path) -> None:
@@ -136,8 +137,10 @@ def test_leftovers_of_a_crash_are_cleaned_up(host: Path, bundle: Path) -> None:
     (builds / ".tmp-x-1" / "half").mkdir(parents=True)
     os.symlink("nodeplug.d/x/nodeplug", host / "opt/cni/bin/.nodeplug.tmp-99999")
     (host / "etc/cni/net.d/.10-nodeplug.conflist.tmp-99999").write_text("{")
+    (builds / ".agent-socket.x1y2.tmp").write_text("/run/nod")
     assert cni(host, "--bundle", str(bundle)) == 0
-    assert [p.name for p in builds.iterdir()] == [installed_bundle.bundle_id(bundle)]
+    assert sorted(p.name for p in builds.iterdir()) == sorted([installed_bundle.bundle_id(bundle), "agent-socket"])
+    assert (builds / "agent-socket").read_text() == "/run/nodeplug/cni.sock\n"
     assert not [p for p in host.rglob("*") if ".tmp-" in p.name]
     assert "1.0.0" in version_via(link(host))["supportedVersions"]  # type: ignore[operator]
 

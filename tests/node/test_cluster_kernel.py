@@ -9,6 +9,7 @@ import asyncio
 import ipaddress
 import json
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from cni.cluster import kernel, masq, teardown, uninstall
+from cni.cluster import kernel, masq, offload, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
@@ -30,6 +31,7 @@ from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
 from support.host import needs_root, sh
+from support.scriptedkube import scripted_client
 from support.wait import eventually
 
 pytestmark = needs_root
@@ -91,6 +93,32 @@ def test_vxlan_device_is_kept_as_it_is_and_recreated_only_when_its_settings_chan
     assert other.created and other.mac == kernel.vtep_mac("n1", 43)
     assert inside(node, kernel.remove_vxlan) is True
     assert inside(node, kernel.remove_vxlan) is False
+
+
+def tx_checksum(ns: str) -> str:
+    """``tx-checksum-ip-generic`` of the VXLAN device as ethtool(8) shows it ("on" / "off")."""
+    shown = sh("ip", "netns", "exec", ns, "ethtool", "-k", kernel.VXLAN_DEVICE)
+    return next(line.split(":")[1].split()[0] for line in shown.splitlines() if "tx-checksum-ip-generic" in line)
+
+
+@pytest.mark.skipif(not shutil.which("ethtool"), reason="needs ethtool (Debian package ethtool; scripts/setup)")
+def test_vxlan_tx_checksum_offload_is_set_as_configured_and_kept_so(node: str) -> None:
+    """The checksum-offload workaround (cni.cluster.offload) on the real device: off or on as asked, set again when
+    someone changes it behind the agent's back, the device itself kept; ``auto`` leaves it on from kernel 5.7."""
+
+    def ensure(on: bool) -> kernel.VxlanDevice:
+        return inside(node, lambda nl: kernel.ensure_vxlan(nl, "n1", 42, 4789, ip("192.168.50.1"),
+                                                           kernel.underlay_of(nl, ip("192.168.50.1")),
+                                                           tx_checksum_offload=on))  # fmt: skip
+
+    first = ensure(False)
+    assert tx_checksum(node) == "off"
+    sh("ip", "netns", "exec", node, "ethtool", "-K", kernel.VXLAN_DEVICE, "tx-checksum-ip-generic", "on")
+    assert ensure(False).ifindex == first.ifindex and tx_checksum(node) == "off"
+    assert ensure(True).ifindex == first.ifindex and tx_checksum(node) == "on"
+    auto = offload.wanted(ClusterConfig().vxlan.tx_checksum_offload)
+    assert auto == (tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (5, 7))
+    assert ensure(auto).ifindex == first.ifindex and tx_checksum(node) == ("on" if auto else "off")
 
 
 def auto_mode_state() -> State:
@@ -393,8 +421,6 @@ def node_json(info: NodeInfo) -> dict[str, Any]:
 
 def api_server(tmp_path: Path, nodes: dict[str, NodeInfo]) -> Any:
     """A client of an API server (scripted, in this process) that lists ``nodes`` and has no change to tell."""
-    from nodeplug.kube import KubeClient, resolve
-
     listing = {
         "kind": "NodeList",
         "metadata": {"resourceVersion": "1"},
@@ -406,15 +432,7 @@ def api_server(tmp_path: Path, nodes: dict[str, NodeInfo]) -> Any:
             return httpx2.Response(200, content=b"")  # nothing changes
         return httpx2.Response(200, json=listing)
 
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443", insecure-skip-tls-verify: true}}]\n'
-        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
-    src = resolve(kc, env={})
-    assert src is not None
-    return KubeClient(src, transport=httpx2.MockTransport(answer))
+    return scripted_client(answer, tmp_path)
 
 
 def one_pass(ns: str, tmp_path: Path, nodes: dict[str, NodeInfo], masquerade: bool) -> Any:

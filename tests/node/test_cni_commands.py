@@ -1,4 +1,4 @@
-"""ADD/DEL/CHECK/GC/STATUS through the protocol, the real IPAM store and the real dataplane.
+"""ADD/DEL/CHECK/GC/STATUS through the protocol, the real IPAM store and the real dataplane, on both datapaths.
 
 Every invocation runs on a thread inside a test "host" netns (as the agent's workers run in the node's netns), so the
 root netns is never touched; pods are further netns. Delegation uses the reference host-local from /usr/lib/cni.
@@ -32,11 +32,27 @@ REF = "/usr/lib/cni"
 class Node:
     """A test netns playing the node; :meth:`cni` runs one CNI invocation on a thread inside it."""
 
-    def __init__(self, name: str, data_dir: Path, sh: Callable[..., str]) -> None:
+    def __init__(self, name: str, data_dir: Path, sh: Callable[..., str], datapath: str) -> None:
         self.name, self.data_dir = name, data_dir
         self.sh = sh  # support.host.sh: run a set-up command, raise with its stderr
         self.path = f"/run/netns/{name}"
         self.opened: list[SqliteStore] = []
+        self.datapath = datapath
+        self.routed = datapath == "routed"
+        if self.routed:  # an address of the node for its pods to ping (on the bridge datapath: the gateway)
+            sh("ip", "-n", name, "addr", "add", "10.87.0.1/32", "dev", "lo")
+            sh("ip", "-n", name, "addr", "add", "fd87::1/128", "dev", "lo")
+
+    def node_addr(self, gateway: str) -> str:
+        """An address of the node its pods reach: the subnet's ``gateway`` on the bridge datapath."""
+        if not self.routed:
+            return gateway
+        return "fd87::1" if ":" in gateway else "10.87.0.1"
+
+    def pod_addr(self, addr: str) -> str:
+        """``addr`` (with its subnet's prefix) as the result gives it: routed, the address alone."""
+        ip, _ = addr.split("/")
+        return f"{ip}/{128 if ':' in ip else 32}" if self.routed else addr
 
     def opener(self, data_dir: str, network: str) -> SqliteStore:
         store = SqliteStore(data_dir, network)
@@ -49,6 +65,7 @@ class Node:
             "name": "nodenet",
             "type": "nodeplug",
             "bridge": "npc0",
+            "datapath": self.datapath,
             "isDefaultGateway": True,
             "ipam": {
                 "type": "nodeplug",
@@ -97,9 +114,11 @@ class Node:
         self.sh("ip", "netns", "exec", os.path.basename(ns), "ping", "-c", "1", "-W", "2", addr)
 
 
-@pytest.fixture
-def node(netns: Callable[[], str], tmp_path: Path, sh: Callable[..., str]) -> Iterator[Node]:
-    n = Node(netns(), tmp_path / "ipam", sh)
+@pytest.fixture(params=["bridge", "routed"])
+def node(
+    request: pytest.FixtureRequest, netns: Callable[[], str], tmp_path: Path, sh: Callable[..., str]
+) -> Iterator[Node]:
+    n = Node(netns(), tmp_path / "ipam", sh, request.param)
     yield n
     for s in n.opened:
         s.close()
@@ -114,11 +133,14 @@ def test_add_check_del_dual_stack(node: Node, pod: Callable[[], str]) -> None:
     ns = pod()
     code, res = node.cni("ADD", node.conf(), netns=ns)
     assert code == 0, res
-    assert [ip["address"] for ip in res["ips"]] == ["10.88.0.2/24", "fd88::2/64"]
-    assert res["interfaces"][2]["sandbox"] == ns and res["interfaces"][0]["name"] == "npc0"
-    assert {"dst": "0.0.0.0/0", "gw": "10.88.0.1"} in res["routes"]
-    node.ping(ns, "10.88.0.1")
-    node.ping(ns, "fd88::1")
+    assert [ip["address"] for ip in res["ips"]] == [node.pod_addr("10.88.0.2/24"), node.pod_addr("fd88::2/64")]
+    assert res["interfaces"][-1]["sandbox"] == ns and {ip["interface"] for ip in res["ips"]} == {
+        len(res["interfaces"]) - 1
+    }
+    assert [i["name"] for i in res["interfaces"][:-2]] == ([] if node.routed else ["npc0"])
+    assert {"dst": "0.0.0.0/0", "gw": "169.254.1.1" if node.routed else "10.88.0.1"} in res["routes"]
+    node.ping(ns, node.node_addr("10.88.0.1"))
+    node.ping(ns, node.node_addr("fd88::1"))
     assert node.cni("CHECK", node.conf(prevResult=res), netns=ns) == (0, None)
     assert node.cni("DEL", node.conf(prevResult=res), netns=ns) == (0, None)
     assert node.leases() == []
@@ -141,7 +163,7 @@ def test_del_without_netns_frees_the_lease_and_the_host_veth(node: Node, pod: Ca
     ns = pod()
     code, res = node.cni("ADD", node.conf(), netns=ns)
     assert code == 0
-    host_veth = res["interfaces"][1]["name"]
+    host_veth = res["interfaces"][-2]["name"]
     node.sh("ip", "netns", "delete", os.path.basename(ns))  # the runtime lost the sandbox
     assert node.cni("DEL", node.conf(), netns="") == (0, None)
     assert node.leases() == []
@@ -182,9 +204,9 @@ def test_gc_releases_stale_leases_and_veths(node: Node, pod: Callable[[], str]) 
     assert node.cni("GC", gc_conf) == (0, None)
     assert [cid for cid, _ in node.leases()] == ["keep", "keep"]
     links = node.links()
-    assert results["keep"]["interfaces"][1]["name"] in links
-    assert results["stale1"]["interfaces"][1]["name"] not in links
-    assert results["stale2"]["interfaces"][1]["name"] not in links
+    assert results["keep"]["interfaces"][-2]["name"] in links
+    assert results["stale1"]["interfaces"][-2]["name"] not in links
+    assert results["stale2"]["interfaces"][-2]["name"] not in links
 
 
 def test_status(node: Node) -> None:
@@ -209,8 +231,12 @@ def test_delegation_to_host_local(node: Node, pod: Callable[[], str]) -> None:
     ns = pod()
     code, res = node.cni("ADD", conf, netns=ns)
     assert code == 0, res
-    assert res["ips"] == [{"address": "10.90.0.2/24", "gateway": "10.90.0.1", "interface": 2}]
+    gateway, pod = ("169.254.1.1", 1) if node.routed else ("10.90.0.1", 2)
+    assert res["ips"] == [{"address": node.pod_addr("10.90.0.2/24"), "gateway": gateway, "interface": pod}]
     assert (hl_dir / "nodenet" / "10.90.0.2").read_text().startswith("c1")
+    if node.routed:  # no default route: the pod reaches its subnet through the node (here, an address of the node)
+        assert res["routes"] == [{"dst": "10.90.0.0/24", "gw": "169.254.1.1"}]
+        node.sh("ip", "-n", node.name, "addr", "add", "10.90.0.1/32", "dev", "lo")
     node.ping(ns, "10.90.0.1")
     assert node.cni("CHECK", {**conf, "prevResult": res}, netns=ns) == (0, None)
     assert node.cni("DEL", {**conf, "prevResult": res}, netns=ns) == (0, None)

@@ -143,8 +143,13 @@ def test_add_and_del_a_pod_network_standalone(busybox_root: Path, node_and_pod: 
     shown = subprocess.run(["ip", "-n", podns, "-j", "addr", "show", "eth0"], capture_output=True, text=True,
                            check=True, timeout=10).stdout  # fmt: skip
     assert str(addr.ip) in shown
-    bridge = str(conf.get("bridge", "nodeplug0"))
-    subprocess.run(["ip", "-n", hostns, "link", "show", bridge], check=True, capture_output=True, timeout=10)
+    assert conf["datapath"] == "routed"  # install-cni's default: the node routes the pod's address to its veth
+    host_veth = result["interfaces"][0]["name"]  # type: ignore[index]
+    routed = subprocess.run(["ip", "-n", hostns, "route", "show", str(addr.ip)], capture_output=True, text=True,
+                            check=True, timeout=10).stdout  # fmt: skip
+    assert f"dev {host_veth}" in routed
+    # the node's own address, the source of its ping (this stand-in node has no other)
+    subprocess.run(["ip", "-n", hostns, "addr", "add", "10.96.0.1/32", "dev", "lo"], check=True, timeout=10)
     ping = subprocess.run(["ip", "netns", "exec", hostns, "ping", "-c", "1", "-W", "2", str(addr.ip)],
                           capture_output=True, timeout=10, check=False)  # fmt: skip
     assert ping.returncode == 0, ping.stdout
@@ -180,7 +185,7 @@ def test_a_delegated_ipam_plugin_runs_from_the_bundle(busybox_root: Path, node_a
     env = {"CNI_CONTAINERID": "chroot-env", "CNI_NETNS": "/var/run/netns/pod", "CNI_IFNAME": "eth0"}
     code, result = call(busybox_root, hostns, "ADD", conf, **env)
     assert code == 0, result
-    assert result["ips"][0]["address"] == "10.97.0.5/24"  # type: ignore[index]
+    assert result["ips"][0]["address"] == "10.97.0.5/32"  # type: ignore[index]  # routed: the address alone
     shown = subprocess.run(["ip", "-n", podns, "-j", "addr", "show", "eth0"], capture_output=True, text=True,
                            check=True, timeout=10).stdout  # fmt: skip
     assert "10.97.0.5" in shown

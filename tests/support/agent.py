@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ __all__ = ["AgentProcess", "free_port"]
 class AgentProcess:
     """``nodeplug agent --config <root>/agent.yaml --root <root>`` running, its output in ``<root>/agent.log``."""
 
-    def __init__(self, root: Path, extra_config: str = "") -> None:
+    def __init__(self, root: Path, extra_config: str = "", own_group: bool = False) -> None:
+        """``own_group``: the agent leads a process group of its own, so :meth:`kill_group` kills it with every
+        command it runs, as a container runtime kills a container."""
         self.root = root
         self.port = free_port()
         self.config = root / "agent.yaml"
@@ -29,6 +32,7 @@ class AgentProcess:
                 [sys.executable, "-m", "nodeplug.cli", "agent", "--config", str(self.config), "--root", str(root)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=own_group,
             )
 
     def url(self, path: str) -> str:
@@ -47,6 +51,12 @@ class AgentProcess:
                     return
             time.sleep(0.05)
         raise AssertionError(f"agent not healthy within {timeout}s:\n{self.log.read_text()}")
+
+    def kill_group(self) -> None:
+        """SIGKILL to the agent's process group (``own_group``): the agent and the commands it runs, at once."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

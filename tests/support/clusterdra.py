@@ -1,9 +1,10 @@
 """The DRA driver on the local cluster, for the cluster tier's tests (a pytest plugin, registered in
 tests/conftest.py).
 
-The shipped agent config leaves DRA off, so :func:`dra_on` turns it on for a test module the way an operator would:
-the agent's ConfigMap gets ``deviceplugin.dra.enabled: true`` and a resource ``dratest`` offered through DRA (device
-nodes ``/dev/nodeplug-dra-*``), and the DaemonSet is restarted; both are put back afterwards. :func:`devnodes` makes
+DRA is on as shipped (``deviceplugin.dra.enabled: auto`` on a cluster that has it; fuse and tun offered both ways).
+:func:`dratest_resource` adds, for a test module, a resource of device nodes made by the tests, the way an operator
+adds one: the agent's ConfigMap gets a resource ``dratest`` offered through DRA only (device nodes
+``/dev/nodeplug-dra-*``), and the DaemonSet is restarted; both are put back afterwards. :func:`devnodes` makes
 device nodes on the node (character 1,3, like /dev/null) with a name of their own, which claims select by ``path``,
 and removes them after the test.
 """
@@ -30,14 +31,14 @@ CDI_DIR = Path("/var/run/cdi")
 
 
 @pytest.fixture(scope="module")
-def dra_on(cluster: Cluster) -> Iterator[None]:
+def dratest_resource(cluster: Cluster) -> Iterator[None]:
     ds = cluster.get("-n", "nodeplug-system", "daemonset", "nodeplug")
     (cm_name,) = [v["configMap"]["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     cm = cluster.get("-n", "nodeplug-system", "configmap", cm_name)
     original = cm["data"]["agent.yaml"]
     cfg = yaml.safe_load(original)
     dp = cfg.setdefault("deviceplugin", {})
-    dp.setdefault("dra", {})["enabled"] = True
+    assert dp.get("dra", {}).get("enabled", "auto") == "auto", "the shipped config leaves DRA to auto"
     dp.setdefault("resources", []).append({"name": "dratest", "devices": ["/dev/nodeplug-dra-*"], "offer": "dra"})
 
     def put(text: str) -> None:
@@ -51,7 +52,23 @@ def dra_on(cluster: Cluster) -> Iterator[None]:
     try:
         yield
     finally:
+        # The module's namespaces are being deleted (without waiting): a pod holding one of the driver's claims only
+        # goes once the driver has unprepared it, so the driver stays until every such claim is gone; turned off
+        # before, its pods stay Terminating for good.
+        cluster.wait("the driver's claims released", lambda: not claims_of_driver(cluster), 180,
+                     explain=f"left: {claims_of_driver(cluster)}")  # fmt: skip
         put(original)
+
+
+def claims_of_driver(cluster: Cluster) -> list[str]:
+    """ResourceClaims (any namespace) allocated from this driver's devices."""
+    claims = cluster.get("resourceclaims", "--all-namespaces").get("items", [])
+    return [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in claims
+        if any(r.get("driver") == DRIVER for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {})
+               .get("results") or ())
+    ]  # fmt: skip
 
 
 @pytest.fixture

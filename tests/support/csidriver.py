@@ -55,7 +55,11 @@ class Driver:
     async def start(self) -> None:
         self.plugin = CsiPlugin(self.config, AgentContext(root=Root(self.root)))
         await self.plugin.start()
-        self._channel = aio.insecure_channel(f"unix://{self.plugin.socket_path}")
+        self.connect(self.plugin.socket_path)
+
+    def connect(self, socket: Path) -> None:
+        """Talk to the driver at ``socket`` (this one's, or a whole agent's on the same root)."""
+        self._channel = aio.insecure_channel(f"unix://{socket}")
         self.identity = csi_pb2_grpc.IdentityStub(self._channel)
         self.controller = csi_pb2_grpc.ControllerStub(self._channel)
         self.node = csi_pb2_grpc.NodeStub(self._channel)

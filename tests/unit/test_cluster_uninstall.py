@@ -26,6 +26,7 @@ from cni.install import network
 from nodeplug import cli
 from nodeplug.paths import Root
 
+from support.scriptedkube import scripted_client
 from support.wait import eventually
 
 RECORD = uninstall.Record("node-a", "4:4026531840", 110, "/var/lib/nodeplug/cluster/subnets.json", 42)
@@ -219,18 +220,7 @@ def test_an_agent_that_does_not_stand_down_fails_the_uninstall_naming_the_reques
 
 def _api_away(tmp_path: Path) -> Any:
     """A client of an API server that answers every request with 503 (the agent then never touches the kernel)."""
-    from nodeplug.kube import KubeClient, resolve
-
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        'clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443", insecure-skip-tls-verify: true}}]\n'
-        "users: [{name: u, user: {token: abc}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
-    src = resolve(kc, env={})
-    assert src is not None
-    away = httpx2.MockTransport(lambda request: httpx2.Response(503, json={"kind": "Status", "code": 503}))
-    return KubeClient(src, transport=away)
+    return scripted_client(lambda request: httpx2.Response(503, json={"kind": "Status", "code": 503}), tmp_path)
 
 
 def _network(tmp_path: Path, kube: Any) -> Any:

@@ -44,11 +44,8 @@ class FakeDataplane:
         self.calls.append(("add", cid, netns, ifname, list(ips), list(routes)))
         if self.fail_add:
             raise self.fail_add
-        return [
-            Interface(conf.bridge, "02:00:00:00:00:01"),
-            Interface("veth1"),
-            Interface(ifname, "02:00:00:00:00:02", netns),
-        ]
+        bridge = [] if conf.routed else [Interface(conf.bridge, "02:00:00:00:00:01")]
+        return [*bridge, Interface("veth1"), Interface(ifname, "02:00:00:00:00:02", netns)]
 
     def delete(self, conf: BridgeConf, cid: str, netns: str | None, ifname: str, ips: Sequence[IPConfig]) -> None:
         self.calls.append(("delete", cid, netns, ifname, list(ips)))
@@ -107,6 +104,26 @@ def test_add_leases_builds_and_reports(dp: FakeDataplane, store: MemoryStore) ->
     assert (cid, netns, ifname) == ("c1", "/run/netns/p", "eth0")
     assert all(ip.interface is None for ip in ips) and len(routes) == 2
     assert len(store.leases) == 2
+
+
+def test_routed_add_reports_host_addresses_via_the_link_local_gateway(dp: FakeDataplane, store: MemoryStore) -> None:
+    conf = {**CONF, "datapath": "routed", "ipam": {**IPAM, "routes": [{"dst": "192.168.0.0/16"}]}}
+    code, out = call(dp, store, "ADD", conf)
+    assert code == 0, out
+    assert out["ips"] == [
+        {"address": "10.30.0.2/32", "gateway": "169.254.1.1", "interface": 1},
+        {"address": "fd30::2/128", "gateway": "fe80::1", "interface": 1},
+    ]
+    assert out["routes"] == [
+        {"dst": "192.168.0.0/16", "gw": "169.254.1.1"},
+        {"dst": "0.0.0.0/0", "gw": "169.254.1.1"},
+        {"dst": "::/0", "gw": "fe80::1"},
+        {"dst": "10.30.0.0/29", "gw": "169.254.1.1"},  # the subnet a bridged pod would reach on its link
+        {"dst": "fd30::/64", "gw": "fe80::1"},
+    ]
+    assert [i["name"] for i in out["interfaces"]] == ["veth1", "eth0"]
+    _, _, _, _, ips, _ = dp.calls[1]  # the dataplane gets the leases with their subnets (masquerade rules need them)
+    assert [str(ip.address) for ip in ips] == ["10.30.0.2/29", "fd30::2/64"]
 
 
 def test_route_without_gw_gets_its_family_gateway(dp: FakeDataplane, store: MemoryStore) -> None:

@@ -47,8 +47,10 @@ def compile_launcher(d: Path) -> None:
 
 @pytest.fixture(scope="module")
 def bundle() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npfp-", dir="/tmp"))
-    (d / "_internal").mkdir()
+    """The stand-in bundle, where install-cni puts one: ``<bin>/nodeplug.d/<id>/`` (the socket record beside it)."""
+    top = Path(tempfile.mkdtemp(prefix="npfp-", dir="/tmp"))
+    d = top / "nodeplug.d" / "b1"
+    (d / "_internal").mkdir(parents=True)
     compile_launcher(d)
     # The launcher execs: loader --library-path DIR --argv0 APP APP ARGS...; this loader notes it ran (and with which
     # notes from the launcher), then runs the Python entry point with the stdin the launcher handed on.
@@ -61,7 +63,7 @@ def bundle() -> Iterator[Path]:
     )
     loader.chmod(0o755)
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def run(bundle: Path, env: dict[str, str], stdin: bytes) -> tuple[int, bytes, str | None]:
@@ -271,10 +273,70 @@ def test_a_slow_agent_keeps_its_request_after_the_launcher_hands_it_on(
     assert len(a.requests) == 1 and a.got_go == 1 and not list(tmp_path.glob("*.db"))  # not done twice
 
 
-def test_an_answer_without_running_is_printed(bundle: Path, sockdir: Path, agent: Callable[..., StandIn]) -> None:
+def test_a_refusal_of_the_agent_the_config_names_is_printed(
+    bundle: Path, sockdir: Path, agent: Callable[..., StandIn]
+) -> None:
+    """NAK (answered without running: a request larger than the agent takes, refused before it is read) is the
+    launcher's agent's answer only for a config naming it, which only Python can tell: it asks the config's socket,
+    here the same agent, and prints that refusal."""
     err = b'{"cniVersion": "1.1.0", "code": 7, "msg": "invalid network config", "details": "too large"}'
-    agent(lambda a, conn, env, stdin: conn.sendall(thick.NAK + thick.encode_reply(1, err)))
-    assert run(bundle, launcher_env(sockdir / "cni.sock"), conf(sockdir / "cni.sock")) == (1, err, None)
+    a = agent(lambda a, conn, env, stdin: conn.sendall(thick.NAK + thick.encode_reply(1, err)))
+    code, out, ran = run(bundle, launcher_env(sockdir / "cni.sock"), conf(sockdir / "cni.sock"))
+    assert (code, out) == (1, err) and ran is not None and len(a.requests) == 2 and a.got_go == 0
+
+
+def test_a_refusal_by_an_agent_the_config_does_not_name_is_not_the_answer(
+    bundle: Path, sockdir: Path, agent: Callable[..., StandIn], tmp_path: Path
+) -> None:
+    """Regression (issue 18, item 6): the agent at the launcher's socket refused an oversized request for another
+    socket, and that refusal was the answer. Now the agent the config names answers it, or, with none there, the
+    standalone path does the work."""
+    err = b'{"cniVersion": "1.1.0", "code": 7, "msg": "invalid network config", "details": "too large"}'
+    refusing = agent(lambda a, conn, env, stdin: conn.sendall(thick.NAK + thick.encode_reply(1, err)), "default.sock")
+    other = agent(answers(0, b'{"from": "the other agent"}'), "other.sock")
+    code, out, ran = run(bundle, launcher_env(sockdir / "default.sock"), conf(sockdir / "other.sock"))
+    assert (code, out) == (0, b'{"from": "the other agent"}') and ran is not None
+    assert len(refusing.requests) == 1 and len(other.requests) == 1 and other.got_go == 1
+    code, out, _ = run(bundle, launcher_env(sockdir / "default.sock"), ipam_only(sockdir / "absent.sock", tmp_path))
+    assert code == 0 and json.loads(out)["ips"][0]["address"] == "10.61.0.2/24"  # standalone did it
+    assert len(refusing.requests) == 2
+
+
+@pytest.fixture
+def record(bundle: Path) -> Iterator[Path]:
+    """The socket record install-cni writes beside the bundles (removed afterwards)."""
+    path = bundle.parent / thick.SOCKET_RECORD
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_the_launcher_asks_the_agent_install_cni_recorded_without_python(
+    bundle: Path, sockdir: Path, agent: Callable[..., StandIn], record: Path
+) -> None:
+    """No $NODEPLUG_CNI_SOCKET (no runtime sets it): the socket recorded beside the bundles is asked first, so a
+    conflist naming an agent under another root keeps the fast path."""
+    a = agent(answers(0, b'{"from": "the recorded agent"}'), "elsewhere.sock")
+    record.write_text(f"{sockdir / 'elsewhere.sock'}\n")
+    code, out, ran = run(bundle, ENV, conf(sockdir / "elsewhere.sock"))
+    assert (code, out, ran) == (0, b'{"from": "the recorded agent"}', None)
+    assert len(a.requests) == 1
+    record.write_text(str(sockdir / "elsewhere.sock"))  # without the newline too
+    assert run(bundle, ENV, conf(sockdir / "elsewhere.sock"))[2] is None
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"\n", b"relative/cni.sock\n", b"/a\0b\n", b"/two\n/lines\n", b"/" + b"x" * 200 + b"\n"]
+)
+def test_a_record_that_is_not_one_absolute_socket_path_is_ignored(
+    bundle: Path, sockdir: Path, record: Path, content: bytes
+) -> None:
+    """The launcher then asks the default socket (whatever serves it on this machine), never a path made of the
+    record's bytes."""
+    record.write_bytes(content)
+    _, _, ran = run(bundle, ENV, conf(sockdir / "absent.sock"))
+    assert ran is not None
+    tried = [line for line in ran.splitlines() if line.startswith(f"{thick.ENV_AGENT_TRIED}=")]
+    assert tried in ([], [f"{thick.ENV_AGENT_TRIED}={thick.DEFAULT_SOCKET}"])  # [] : an agent there said NOT_HERE
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,19 @@ def test_bridge_keys_and_is_default_gateway_implies_gateway() -> None:
     )
 
 
+def test_datapath_defaults_to_bridge_and_is_checked() -> None:
+    """A config naming no datapath is a bridge config (every conflist written before the routed datapath existed)."""
+    assert isinstance(c := netconf.parse(base()), BridgeConf) and (c.datapath, c.routed) == ("bridge", False)
+    assert isinstance(c := netconf.parse(base(datapath="routed")), BridgeConf) and c.routed
+    cases = [("Routed", '"bridge" or "routed", got "Routed"'), (1, "a string, got 1"), (["x"], 'a string, got ["x"]')]
+    for bad, why in cases:
+        with pytest.raises(CniError) as e:
+            netconf.parse(base(datapath=bad))
+        assert e.value.code == 7 and e.value.details == f"datapath: expected {why}"
+    with pytest.raises(CniError, match='vlan: expected nothing with "datapath": "routed"'):
+        netconf.parse(base(datapath="routed", vlan=7))
+
+
 def test_ipam_ranges_defaults_like_host_local() -> None:
     c = netconf.parse(
         base(ipam={"type": "nodeplug", "ranges": [[{"subnet": "10.1.0.0/24"}], [{"subnet": "fd01::/120"}]]})

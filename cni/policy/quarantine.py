@@ -1,0 +1,106 @@
+"""The quarantine: addresses of this node's pods that no traffic may reach or leave through the node, until the
+policy agent has their rules in place. The contract between the CNI side and policy enforcement.
+
+One nftables table of its own, made by the policy agent when it starts and never replaced whole::
+
+    table inet nodeplug-quarantine {
+        set q4 { type ipv4_addr; }
+        set q6 { type ipv6_addr; }
+        chain forward { type filter hook forward priority -2; policy accept;
+            ip saddr @q4 drop   ip daddr @q4 drop   ip6 saddr @q6 drop   ip6 daddr @q6 drop }
+    }
+
+The CNI side puts an address here (:func:`hold`) whenever it cannot be sure the policy agent knows the pod behind
+it: an ADD the agent did not take (the standalone entry point, or the agent not yet in step with the API server),
+and every DEL and GC (a freed address must not keep the permissions of the pod that had it, whoever gets it next).
+Only the policy agent lets an address go, in the same transaction that installs the rules of the pod that now has
+it. Without the table (policy enforcement not in use on this node) :func:`hold` does nothing.
+
+Standard library only (and :mod:`cni.dataplane.tools`): the standalone entry point calls it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Iterable
+
+from cni.dataplane.tools import ToolError, run_tool
+
+TABLE = "nodeplug-quarantine"
+NFT_TIMEOUT = 10.0
+SETUP = (
+    f"add table inet {TABLE}\n"
+    f"add set inet {TABLE} q4 {{ type ipv4_addr; }}\n"
+    f"add set inet {TABLE} q6 {{ type ipv6_addr; }}\n"
+    f"add chain inet {TABLE} forward {{ type filter hook forward priority -2; policy accept; }}\n"
+    f"flush chain inet {TABLE} forward\n"
+    + "".join(f"add rule inet {TABLE} forward {fam} {d} @q{v} drop\n"
+              for fam, v in (("ip", 4), ("ip6", 6)) for d in ("saddr", "daddr"))
+)  # fmt: skip
+
+
+class QuarantineError(Exception):
+    pass
+
+
+def _by_family(ips: Iterable[str]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {4: [], 6: []}
+    for text in ips:
+        a = ipaddress.ip_address(text.split("/")[0])
+        out[a.version].append(str(a))
+    return out
+
+
+def script(verb: str, ips: Iterable[str]) -> str:
+    """``add`` or ``delete`` element lines for ``ips`` (for a transaction of the caller's)."""
+    return "".join(f"{verb} element inet {TABLE} q{v} {{ {', '.join(sorted(set(a)))} }}\n"
+                   for v, a in _by_family(ips).items() if a)  # fmt: skip
+
+
+def hold(ips: Iterable[str]) -> bool:
+    """Quarantine ``ips``; False when this node has no quarantine (no policy enforcement)."""
+    text = script("add", ips)
+    if not text:
+        return True
+    try:
+        run_tool(["nft", "-f", "-"], timeout=NFT_TIMEOUT, input=text.encode())
+    except ToolError as e:
+        if e.missing or "No such file or directory" in e.stderr:
+            return False
+        raise QuarantineError(f"quarantine {', '.join(ips)}: {e}") from None
+    return True
+
+
+def setup() -> None:
+    try:
+        run_tool(["nft", "-f", "-"], timeout=NFT_TIMEOUT, input=SETUP.encode())
+    except ToolError as e:
+        raise QuarantineError(f"quarantine table: {e}") from None
+
+
+def held() -> set[str]:
+    """The addresses held now (empty without the table)."""
+    out: set[str] = set()
+    for v in (4, 6):
+        try:
+            text = run_tool(["nft", "-j", "list", "set", "inet", TABLE, f"q{v}"], timeout=NFT_TIMEOUT)
+        except ToolError as e:
+            if e.missing or "No such file or directory" in e.stderr:
+                continue
+            raise QuarantineError(f"quarantine: {e}") from None
+        for item in json.loads(text).get("nftables", []):
+            for elem in (item.get("set") or {}).get("elem", []) or []:
+                if isinstance(elem, str):
+                    out.add(elem)
+    return out
+
+
+def remove() -> bool:
+    try:
+        run_tool(["nft", "delete", "table", "inet", TABLE], timeout=NFT_TIMEOUT)
+    except ToolError as e:
+        if e.missing or "No such file or directory" in e.stderr:
+            return False
+        raise QuarantineError(f"quarantine: {e}") from None
+    return True
