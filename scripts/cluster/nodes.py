@@ -19,6 +19,9 @@ three things the machine has once:
 - **cgroups**: the first node's pods go to ``/kubepods`` (kubelet's default); node K's kubelet has the cgroup root
   ``/nodeplug-cluster-NAME``, so its pods are under ``/nodeplug-cluster-NAME/kubepods``; the daemons of every node
   run in ``/nodeplug-cluster``.
+- **Host name**: every other node has a UTS namespace of its own (``/run/nodeplug-cluster/mnt/NAME.uts``) named
+  after it; host-network pods share it, so the agent's host name is its node's (the CSI driver's node id is the
+  host name unless configured).
 
 What stays shared, as between the nodes of any cluster on one machine: the kernel (loop devices are machine-wide:
 each node's agent tells its own by the backing file's device and inode, never by the path sysfs shows), ``/dev``,
@@ -86,6 +89,10 @@ class Node:
         return None if self.index <= 1 else MNT / self.name
 
     @property
+    def utsns(self) -> Path | None:
+        return None if self.index <= 1 else MNT / f"{self.name}.uts"
+
+    @property
     def run(self) -> Path:
         """Where its containerd keeps sockets and state (the first node's: RUN itself, as before)."""
         return RUN if self.index <= 1 else RUN / self.name
@@ -99,9 +106,9 @@ class Node:
         return daemon if self.first else f"{daemon}-{self.name}"
 
     def enter(self, argv: list[str | Path]) -> list[str]:
-        """``argv`` run in this node's network namespace (and mount namespace, nodes 2..N)."""
-        mnt = [f"--mount={self.mntns}"] if self.mntns else []
-        return ["nsenter", f"--net=/run/netns/{self.netns}", *mnt, "--", *[str(a) for a in argv]]
+        """``argv`` run in this node's network namespace (and mount and UTS namespaces, nodes 2..N)."""
+        own = [f"--mount={self.mntns}", f"--uts={self.utsns}"] if self.mntns else []
+        return ["nsenter", f"--net=/run/netns/{self.netns}", *own, "--", *[str(a) for a in argv]]
 
 
 CONTROL_PLANE = Node("control-plane", 0)
@@ -162,6 +169,16 @@ def make_mount_ns(state: State, node: Node) -> None:
         script.append(f"if mountpoint -q '{p}'; then umount -R '{p}'; fi")
         script.append(f"mount --bind '{own}' '{p}' && mount --make-rshared '{p}'")
     run(["nsenter", f"--mount={node.mntns}", "--", "sh", "-ec", "\n".join(script)])
+
+
+def make_uts_ns(state: State, node: Node) -> None:
+    """Nodes 2..N: a persistent UTS namespace whose host name is the node's name. A host-network pod (the agent)
+    shares its node's: what it takes for the host name (the CSI driver's default node id, its volumes' topology)
+    must be that node's, as on any machine of a cluster, not the first node's."""
+    assert node.utsns is not None
+    node.utsns.touch()
+    run(["unshare", f"--uts={node.utsns}", "hostname", node.name])
+    state.add("utsns", str(node.utsns))
 
 
 def make_cgroup_root(state: State, node: Node) -> None:

@@ -238,6 +238,9 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     for n in [nodes.CONTROL_PLANE, *every]:
         nodes.make_netns(state, n)
     state.data["netns"] = every[0].netns
+    # Where each node's own view of the machine is (tests enter it to read that node's paths and routes).
+    state.data["namespaces"] = {n.name: {"net": f"/run/netns/{n.netns}", "mnt": str(n.mntns or ""),
+                                         "uts": str(n.utsns or "")} for n in every}  # fmt: skip
     state.save()
     service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
     keys = pki.make(state.dir / "pki", [n.name for n in every], service_ip)
@@ -256,6 +259,7 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
         log(f"node {n.name}: starting containerd; importing images")
         if not n.first:
             nodes.make_mount_ns(state, n)
+            nodes.make_uts_ns(state, n)
             nodes.make_cgroup_root(state, n)
         node.start_node(state, bins, n)
         node.import_images(bins, archives, n)
