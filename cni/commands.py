@@ -24,7 +24,7 @@
 
 The contract between this orchestration and the dataplane (:mod:`cni.dataplane`):
 
-:mod:`cni.dataplane` (netlink through pyroute2, nftables through ``nft``) implements these functions at module
+:mod:`cni.dataplane` (rtnetlink of its own, nftables through ``nft``) implements these functions at module
 level; :mod:`cni.commands` calls them through the :class:`Dataplane` protocol so its logic is tested with a fake.
 
 - ``check_netns(netns)``: raises CniError 4 unless ``netns`` (a path) is a network namespace other than the host's;

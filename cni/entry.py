@@ -1,6 +1,6 @@
 """``nodeplug-cni``: the executable a container runtime runs (installed as ``/opt/cni/bin/nodeplug``).
 
-A thin client. Its start-up path imports the standard library only (no pyroute2, grpc or pydantic):
+A thin client. Its start-up path imports the standard library only (no grpc or pydantic, no dataplane):
 
 1. VERSION is answered here, without the agent (:func:`cni.versions.version_answer`);
 2. otherwise the invocation (``CNI_*`` environment and stdin) goes to the warm agent over the unix socket named by
@@ -62,7 +62,7 @@ def _standalone(env: Mapping[str, str], stdin: bytes, stdout: TextIO, handlers: 
     if handlers is None:
 
         class LazyDataplane:
-            """Imports pyroute2 (through cni.dataplane) only when netlink work is actually needed."""
+            """Imports the dataplane only when netlink work is actually needed."""
 
             def __getattr__(self, name: str) -> Any:
                 import cni.dataplane

@@ -9,7 +9,7 @@ left to a silent fallback; a config naming another agent's socket gets NOT_HERE.
 0600 by ``bind`` itself (the mode is set on the socket before it has a name), so it is never connectable by others,
 whatever the umask.
 
-Warm state is the point: pyroute2 is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
+Warm state is the point: the dataplane is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
 caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
 
 Metrics: ``nodeplug_cni_requests_total{command,code}`` and ``nodeplug_cni_request_duration_seconds{command}``.
@@ -86,7 +86,7 @@ class CniPlugin:
         if self._handlers is not None:
             self._table = self._handlers
         else:
-            # warm: pyroute2's message classes and the dataplane are imported once, here; in a thread, as that takes
+            # warm: the dataplane is imported once, here; in a thread, as that takes
             # tens of milliseconds during which the loop would stop serving the HTTP endpoint and the other plugins
             dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
             self._table = commands.table(dataplane, addresses=_AgentAddresses(self.ctx))
@@ -150,19 +150,26 @@ class CniPlugin:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         wait = self.section.handshake_timeout
-        env_size, stdin_size = thick.parse_header(await asyncio.wait_for(reader.readexactly(thick.HEADER_SIZE), wait))
+        # asyncio.timeout rather than wait_for: no task of its own per read (this runs for every request)
+        async with asyncio.timeout(wait):
+            header = await reader.readexactly(thick.HEADER_SIZE)
+        env_size, stdin_size = thick.parse_header(header)
         size = env_size + stdin_size
         if size > self.section.max_request_bytes:
             await self._refuse(reader, writer, size)
             return
-        env, stdin = thick.parse_body(await asyncio.wait_for(reader.readexactly(size), wait), env_size)
+        async with asyncio.timeout(wait):
+            body = await reader.readexactly(size)
+        env, stdin = thick.parse_body(body, env_size)
         if not thick.routes_here(stdin, str(self.path)):
             writer.write(thick.NOT_HERE)
             await writer.drain()
             return
         writer.write(thick.ACK)
         await writer.drain()
-        if await asyncio.wait_for(reader.readexactly(1), self.section.handshake_timeout) != thick.GO:
+        async with asyncio.timeout(wait):
+            go = await reader.readexactly(1)
+        if go != thick.GO:
             raise thick.ProtocolError("expected GO after ACK")
         command = env.get("CNI_COMMAND", "")
         container_id = env.get("CNI_CONTAINERID", "")

@@ -2,11 +2,13 @@
 
 Always an argument list, never a shell; always a timeout; a failure raises :class:`CommandError`, whose message
 names the command, its exit status and its stderr, so it can go straight into a gRPC status or a CNI error.
+
+``asyncio`` is imported by :func:`arun` only: the standalone CNI entry point runs ``nft`` through :func:`run` (for
+``ipMasq``), and importing asyncio would cost it more than the command.
 """
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 from collections.abc import Sequence
 
@@ -49,6 +51,8 @@ def run(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT, input: bytes | No
 
 async def arun(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> str:
     """Async twin of :func:`run` for use inside the event loop; the child is killed on timeout or cancel."""
+    import asyncio
+
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

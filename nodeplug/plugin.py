@@ -9,6 +9,7 @@ its config section and this shell, so that loading the config loads no plugin's 
 - ``create(section, ctx) -> Plugin``: builds the plugin (no side effects until ``start``);
 - ``checks(section, ctx) -> list[Check]``: its node and end-to-end checks for ``nodeplug doctor``;
 - ``needs_kube``: the plugin only runs when the agent follows a Kubernetes API (a controller of API objects);
+- ``needs``: the sections that must be enabled for it to run (network policy acts on the pods the CNI attaches);
 - ``commands``: ``nodeplug`` subcommands it brings (``install-cni``).
 
 The shell names the plugins in one place, :mod:`nodeplug.plugins`, starts the enabled ones in that order, serves
@@ -149,6 +150,7 @@ class PluginSpec(Generic[S]):
     create: Callable[[S, AgentContext], Plugin[S]]
     checks: Callable[[S, AgentContext], list[Check]]
     needs_kube: bool = False
+    needs: tuple[str, ...] = ()
     commands: Sequence[Command] = ()
 
     def enabled(self, cfg: AgentConfig) -> bool:
@@ -157,13 +159,17 @@ class PluginSpec(Generic[S]):
 
     def wanted(self, cfg: AgentConfig, ctx: AgentContext) -> bool:
         """Enabled, and able to run here (a plugin that follows the API runs only when the agent does)."""
-        return self.of(cfg).enabled and (ctx.kube is not None or not self.needs_kube)
+        return not self.disabled_reason(cfg, ctx)
 
     def disabled_reason(self, cfg: AgentConfig, ctx: AgentContext) -> str:
         if not self.of(cfg).enabled:
             return f"{self.name}.enabled is false"
         if self.needs_kube and ctx.kube is None:
             return "no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node"
+        needed: list[Section] = [getattr(cfg, n) for n in self.needs]
+        off = [n for n, section in zip(self.needs, needed, strict=True) if not section.enabled]
+        if off:
+            return f"it needs {', '.join(off)}, which the config turns off ({', '.join(n + '.enabled' for n in off)})"
         return ""
 
     async def start(self, cfg: AgentConfig, ctx: AgentContext) -> Started:

@@ -48,6 +48,7 @@ class Outcome:
     unrouted: dict[tuple[str, int], str] = field(default_factory=dict)
     failed: dict[tuple[str, int], str] = field(default_factory=dict)  # planned, but the kernel refused it
     problems: list[str] = field(default_factory=list)
+    refused: bool = False  # the kernel refused a change of this pass (counted in failed or told in problems)
     own_refused: tuple[tuple[IPNetwork, str], ...] = ()
     own_programmed: bool = False  # this node has a pod subnet and every planned change landed
     vtep: Vtep | None = None

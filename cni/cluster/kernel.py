@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from cni.cluster import offload, rawnl
 from cni.cluster.model import IPAddress, IPNetwork
 from cni.cluster.plan import Changes, RouteSpec, State
+from cni.dataplane.messages import AddrMsg, LinkMsg, NeighMsg, RouteMsg
 from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
 from cni.dataplane.rtnl import (
     NLM_F_CREATE,
@@ -41,9 +42,6 @@ from cni.dataplane.rtnl import (
     RTM_NEWROUTE,
     NetlinkError,
     Rtnl,
-    ifaddrmsg,
-    ndmsg,
-    rtmsg,
 )
 
 VXLAN_DEVICE = "nodeplug.vx"
@@ -96,7 +94,7 @@ def _family(version: int) -> int:
 def addresses(nl: Rtnl) -> list[tuple[int, ipaddress.IPv4Interface | ipaddress.IPv6Interface]]:
     """(link index, address/prefix) of every address in the socket's netns."""
     out = []
-    for msg in nl.dump(ifaddrmsg(), RTM_GETADDR, ifaddrmsg):
+    for msg in nl.dump(AddrMsg(), RTM_GETADDR, AddrMsg):
         a = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
         if a:
             out.append((int(msg["index"]), ipaddress.ip_interface(f"{a}/{msg['prefixlen']}")))
@@ -138,9 +136,7 @@ def default_gateways(nl: Rtnl) -> list[IPAddress]:
     """The gateways of the main table's default routes, whoever owns them (the node's way out)."""
     out: list[IPAddress] = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        req = rtmsg()
-        req["family"] = family
-        for data in nl.dump_raw(req, RTM_GETROUTE):
+        for data in nl.dump_raw(RouteMsg(family=family), RTM_GETROUTE):
             r = rawnl.route(data)
             if r is not None and r.table == RT_TABLE_MAIN and r.dst_len == 0 and r.gateway and r.gateway not in out:
                 out.append(r.gateway)
@@ -157,13 +153,10 @@ class RoutePath(NamedTuple):
 
 def path_to(nl: Rtnl, address: IPAddress) -> RoutePath | None:
     """The route the kernel would take to ``address`` (None: unreachable, or a route of another table)."""
-    req = rtmsg()
-    req["family"] = _family(address.version)
-    req["dst_len"] = address.max_prefixlen
-    req["flags"] = RTM_F_FIB_MATCH
+    req = RouteMsg(family=_family(address.version), dst_len=address.max_prefixlen, flags=RTM_F_FIB_MATCH)
     req["attrs"] = [("RTA_DST", str(address))]
     try:
-        msg = nl.get(req, RTM_GETROUTE, rtmsg)
+        msg = nl.get(req, RTM_GETROUTE, RouteMsg)
     except NetlinkError:
         return None
     table = msg.get("RTA_TABLE") or msg["table"]
@@ -191,7 +184,7 @@ def _vxlan_data(vni: int, port: int, local: IPAddress, underlay: int) -> list[tu
     ]
 
 
-def _matches(msg: Any, vni: int, port: int, local: IPAddress, underlay: int) -> bool:
+def _matches(msg: LinkMsg, vni: int, port: int, local: IPAddress, underlay: int) -> bool:
     if link_kind(msg) != "vxlan":
         return False
     data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
@@ -298,9 +291,7 @@ def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
     state = State.empty()
     foreign: set[IPNetwork] = set()
     for family in (socket.AF_INET, socket.AF_INET6):
-        req = rtmsg()
-        req["family"] = family
-        for data in nl.dump_raw(req, RTM_GETROUTE):
+        for data in nl.dump_raw(RouteMsg(family=family), RTM_GETROUTE):
             r = rawnl.route(data)
             if r is None or r.table != RT_TABLE_MAIN or r.type != RTN_UNICAST or r.dst is None:
                 continue
@@ -313,9 +304,7 @@ def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
             state.routes[dst] = RouteSpec(dst, r.gateway, r.oif == vx_index)
     if vx_index is not None:
         for family in (socket.AF_INET, socket.AF_INET6, socket.AF_BRIDGE):
-            req = ndmsg()
-            req["family"] = family
-            for data in nl.dump_raw(req, RTM_GETNEIGH):
+            for data in nl.dump_raw(NeighMsg(family=family), RTM_GETNEIGH):
                 n = rawnl.neighbour(data)
                 if n is None or n.ifindex != vx_index or not n.state & NUD_PERMANENT or not n.lladdr or not n.dst:
                     continue
@@ -330,14 +319,10 @@ def read_owned(nl: Rtnl, protocol: int, vx_index: int | None) -> Owned:
 # ---------------------------------------------------------------- writing
 
 
-def _route_msg(r: RouteSpec, protocol: int, vx_index: int | None) -> Any:
-    msg = rtmsg()
-    msg["family"] = _family(r.dst.version)
-    msg["dst_len"] = r.dst.prefixlen
-    msg["table"] = RT_TABLE_MAIN
-    msg["proto"] = protocol
-    msg["scope"] = 0
-    msg["type"] = RTN_UNICAST
+def _route_msg(r: RouteSpec, protocol: int, vx_index: int | None) -> RouteMsg:
+    msg = RouteMsg(
+        family=_family(r.dst.version), dst_len=r.dst.prefixlen, table=RT_TABLE_MAIN, proto=protocol, type=RTN_UNICAST
+    )
     attrs: list[tuple[str, Any]] = [("RTA_DST", str(r.dst.network_address)), ("RTA_GATEWAY", str(r.gateway))]
     if r.vxlan:
         if vx_index is None:
@@ -348,12 +333,8 @@ def _route_msg(r: RouteSpec, protocol: int, vx_index: int | None) -> Any:
     return msg
 
 
-def _neigh_msg(family: int, index: int, dst: IPAddress, mac: str, fdb: bool) -> Any:
-    msg = ndmsg()
-    msg["family"] = family
-    msg["ifindex"] = index
-    msg["state"] = NUD_PERMANENT
-    msg["flags"] = NTF_SELF if fdb else 0
+def _neigh_msg(family: int, index: int, dst: IPAddress, mac: str, fdb: bool) -> NeighMsg:
+    msg = NeighMsg(family=family, ifindex=index, state=NUD_PERMANENT, flags=NTF_SELF if fdb else 0)
     msg["attrs"] = [("NDA_DST", str(dst)), ("NDA_LLADDR", mac)]
     return msg
 
@@ -465,7 +446,7 @@ def apply(nl: Rtnl, ch: Changes, have: State, protocol: int, vx_index: int | Non
     return Applied(done, failed)
 
 
-def _del_neigh(nl: Rtnl, msg: Any) -> None:
+def _del_neigh(nl: Rtnl, msg: NeighMsg) -> None:
     try:
         nl.ack(msg, RTM_DELNEIGH)
     except NetlinkError as e:

@@ -5,8 +5,10 @@ dirty and one reconciler task brings the kernel in line on a thread of its own (
 (:mod:`cni.cluster.plan`) is computed for all nodes and compared with what the agent last applied, so a Node added
 costs a few netlink requests however many Nodes there are. Events that arrive while a pass runs are folded into
 the next one. A full pass, which reads the kernel back and repairs any drift (an entry deleted or changed by
-someone else, a stale entry from an earlier run), runs after every complete list from the API server and every
-``resync_seconds``.
+someone else, a stale entry from an earlier run), runs after every complete list from the API server, every
+``resync_seconds``, and soon after a pass the kernel refused part of (2 s, doubled each time up to the resync):
+whatever made the kernel refuse, an interface's IPv6 switched off for instance, may have flushed entries that
+had landed too.
 
 Until the first complete list the kernel is not touched: routes, FDB and neighbour entries from an earlier run
 keep carrying traffic while the agent restarts or the API server is away, and the subnets file from the last run
@@ -65,6 +67,9 @@ CURE = (
     "run kube-controller-manager with --allocate-node-cidrs --cluster-cidr=<cluster CIDR>, or set it by hand: "
     'kubectl patch node {node} -p \'{{"spec":{{"podCIDRs":["10.244.1.0/24"]}}}}\''
 )
+
+
+RETRY_SECONDS = 2.0  # the first retry of a pass the kernel refused part of; doubled each time, up to the resync
 
 
 class ClusterNetwork:
@@ -178,11 +183,14 @@ class ClusterNetwork:
 
     async def _reconcile_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        last_full = 0.0
+        last_full = last_pass = 0.0
+        retry_in = 0.0  # after a pass the kernel refused part of: the wait before a full pass tries again
         while True:
             timeout = None  # nothing to do before the first complete list, or while not managing
             if self.synced and self.role == "managing":
                 timeout = max(self.cfg.resync_seconds - (time.monotonic() - last_full), 0.0)
+                if retry_in:
+                    timeout = min(timeout, max(retry_in - (time.monotonic() - last_pass), 0.0))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
             self._dirty.clear()
@@ -202,6 +210,14 @@ class ClusterNetwork:
             self.metrics.pass_seconds.labels("full" if full else "incremental").observe(time.monotonic() - started)
             if full:
                 last_full = time.monotonic()
+            last_pass = time.monotonic()
+            if outcome.refused:
+                # what made the kernel refuse (a device's IPv6 switched off, an address gone) may also have taken
+                # entries that had landed: the retry reads the kernel back, sooner at first, then every resync
+                self._full = True
+                retry_in = min(max(retry_in * 2, RETRY_SECONDS), self.cfg.resync_seconds)
+            else:
+                retry_in = 0.0
             self.outcome = outcome
             self.findings.report(outcome)
             await self.own.publish(outcome.vtep)
@@ -398,6 +414,7 @@ class ClusterNetwork:
             applied = kernel.apply(nl, ch, self.have, self.cfg.route_protocol, vx_index)
             self.metrics.changed.labels("done").inc(applied.done)
             self.metrics.changed.labels("failed").inc(len(applied.failed))
+            out.refused = bool(applied.failed)
             for target, why in applied.failed:
                 if target is not None and target in owner:
                     out.failed[owner[target]] = why

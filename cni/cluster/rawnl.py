@@ -1,8 +1,9 @@
 """The few fields of route and neighbour dump answers the cluster network reads, straight from the bytes.
 
 A full pass reads back every route of the agent's protocol and every FDB and neighbour entry on its VXLAN device:
-thousands with thousands of Nodes. pyroute2's decoded messages cost kilobytes each and hold reference cycles that
-outlive the pass until the garbage collector runs (28 MB for 5,000 routes, seen); these are a few small tuples.
+thousands with thousands of Nodes. Fully decoded messages (:mod:`cni.dataplane.messages`; pyroute2's, before them,
+cost kilobytes each and held reference cycles: 28 MB for 5,000 routes, seen) are more than a pass needs; these are
+a few small tuples.
 Malformed answers (a length past the end) end the attribute walk; nothing here raises on the kernel's bytes.
 """
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cni.cluster import kernel, masq
+from cni.dataplane.messages import RouteMsg
 from cni.dataplane.nl import get_link, link_kind
-from cni.dataplane.rtnl import RTM_DELROUTE, RTM_GETROUTE, NetlinkError, Rtnl, rtmsg
+from cni.dataplane.rtnl import RTM_DELROUTE, RTM_GETROUTE, NetlinkError, Rtnl
 from cni.nodesubnets import SubnetsError, read
 
 
@@ -66,10 +67,8 @@ def remove(nl: Rtnl, protocol: int, subnets_file: Path | None) -> Removal:
 def _remove_routes(nl: Rtnl, protocol: int, out: Removal) -> list[str]:
     done: list[str] = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        req = rtmsg()
-        req["family"] = family
         try:
-            found = nl.dump(req, RTM_GETROUTE, rtmsg)
+            found = nl.dump(RouteMsg(family=family), RTM_GETROUTE, RouteMsg)
         except NetlinkError as e:
             out.failed.append(f"list IPv{4 if family == socket.AF_INET else 6} routes: {e}")
             continue
@@ -79,7 +78,7 @@ def _remove_routes(nl: Rtnl, protocol: int, out: Removal) -> list[str]:
                 continue
             dst = ipaddress.ip_network(f"{msg.get('RTA_DST') or ('0.0.0.0' if family == socket.AF_INET else '::')}"
                                        f"/{msg['dst_len']}", strict=False)  # fmt: skip
-            req = rtmsg()
+            req = RouteMsg()
             for key in ("family", "dst_len", "table", "proto", "scope", "type"):
                 req[key] = msg[key]
             attrs = [("RTA_TABLE", table)]

@@ -12,10 +12,10 @@ Files under ``/proc/sys/net`` are looked up in the netns of the *thread* that op
 written from inside :func:`entered` (``/proc/self/net`` on the other hand follows the process's main thread; use
 ``/proc/thread-self/net`` when a per-thread view is wanted).
 
-pyroute2's own ``IPRoute(netns=...)`` forks a helper process to open the socket (about 10 ms per call); entering the
-netns from the thread costs well under 1 ms. Python 3.11 has no ``os.setns``, so libc's ``setns`` is called through
-ctypes, found among the symbols the interpreter already has loaded (``ctypes.util.find_library`` would run
-``ldconfig -p`` to look for libc, a few milliseconds per CNI exec).
+Netlink libraries that open a socket in another netns for you (pyroute2's ``IPRoute(netns=...)``) fork a helper
+process to do it (about 10 ms per call); entering the netns from the thread costs well under 1 ms. Python 3.11 has
+no ``os.setns``, so libc's ``setns`` is called through ctypes, found among the symbols the interpreter already has
+loaded (``ctypes.util.find_library`` would run ``ldconfig -p`` to look for libc, a few milliseconds per CNI exec).
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 One :class:`~cni.dataplane.rtnl.Rtnl` socket per side per call: the host side is the calling thread's netns; the pod
 side is opened from inside the pod's netns (see :mod:`cni.dataplane.netns`) and keeps talking to it from anywhere.
-Requests are pyroute2 message objects (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``) built here with the attributes the
-dataplane sets, so the rest of the dataplane reads as what it does ("add this address", "get that link").
-
-pyroute2's names are imported through :mod:`cni.dataplane.rtnl`, never from pyroute2 here: rtnl has to run first so
-that importing them skips pyroute2's package ``__init__``, and a third-party import would be sorted ahead of it.
+Requests are the messages of :mod:`cni.dataplane.messages` (``LinkMsg``, ``AddrMsg``, ``RouteMsg``, ``NeighMsg``)
+built here with the attributes the dataplane sets, so the rest of the dataplane reads as what it does ("add this
+address", "get that link").
 """
 
 from __future__ import annotations
@@ -19,12 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from cni.dataplane.messages import AddrMsg, LinkMsg, NeighMsg, RouteMsg
 from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import (
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REPLACE,
-    RTEXT_FILTER_SKIP_STATS,
     RTM_DELADDR,
     RTM_DELLINK,
     RTM_DELNEIGH,
@@ -39,10 +37,6 @@ from cni.dataplane.rtnl import (
     RTM_SETLINK,
     NetlinkError,
     Rtnl,
-    ifaddrmsg,
-    ifinfmsg,
-    ndmsg,
-    rtmsg,
 )
 from cni.errors import DATAPLANE, TRY_AGAIN_LATER, CniError
 from cni.types import Route
@@ -52,6 +46,7 @@ IFF_PROMISC = 0x100
 BRIDGE_VLAN_INFO_PVID = 0x2
 BRIDGE_VLAN_INFO_UNTAGGED = 0x4
 IFA_F_NODAD = 0x02
+RTEXT_FILTER_SKIP_STATS = 1 << 3  # link replies without the counters (smaller, faster to decode)
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
 RTPROT_STATIC = 4  # as `ip route add` and pyroute2 mark routes added by an administrator
@@ -124,14 +119,11 @@ def socket_in(nsfd: int, netns: str, inside: Callable[[], None] | None = None) -
 # ---------------------------------------------------------------- links
 
 
-def link_msg(index: int = 0, attrs: Sequence[Attr] = (), flags: int = 0, change: int = 0, family: int = 0) -> Any:
-    """An ifinfmsg for link ``index`` (0: named by IFLA_IFNAME in ``attrs``); ``flags`` under the mask ``change``."""
-    msg = ifinfmsg()
-    msg["family"] = family
-    msg["index"] = index
-    msg["flags"] = flags
-    msg["change"] = change
-    msg["attrs"] = list(attrs)
+def link_msg(index: int = 0, attrs: Sequence[Attr] = (), flags: int = 0, change: int = 0, family: int = 0) -> LinkMsg:
+    """A link message for link ``index`` (0: named by IFLA_IFNAME in ``attrs``); ``flags`` under the mask
+    ``change``."""
+    msg = LinkMsg(family=family, index=index, flags=flags, change=change)
+    msg["attrs"] = attrs
     return msg
 
 
@@ -152,19 +144,19 @@ def linkinfo(kind: str = "", data: Sequence[Attr] = (), slave_kind: str = "", sl
     if kind:
         info.append(("IFLA_INFO_KIND", kind))
         if data:
-            info.append(("IFLA_INFO_DATA", {"attrs": list(data)}))
+            info.append(("IFLA_INFO_DATA", list(data)))
     if slave_kind:
         info.append(("IFLA_INFO_SLAVE_KIND", slave_kind))
         if slave_data:
-            info.append(("IFLA_INFO_SLAVE_DATA", {"attrs": list(slave_data)}))
-    return ("IFLA_LINKINFO", {"attrs": info})
+            info.append(("IFLA_INFO_SLAVE_DATA", list(slave_data)))
+    return ("IFLA_LINKINFO", info)
 
 
-def get_link(nl: Rtnl, name: str) -> Any | None:
+def get_link(nl: Rtnl, name: str) -> LinkMsg | None:
     """The RTM_NEWLINK message of ``name`` (without counters), or None when there is no such link."""
     msg = link_msg(attrs=[("IFLA_IFNAME", name), ("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)])
     try:
-        return nl.get(msg, RTM_GETLINK, ifinfmsg)
+        return nl.get(msg, RTM_GETLINK, LinkMsg)
     except NetlinkError as e:
         if e.code == errno.ENODEV:
             return None
@@ -176,15 +168,15 @@ def delete_link(nl: Rtnl, name: str) -> None:
     nl.ack(link_msg(attrs=[("IFLA_IFNAME", name)]), RTM_DELLINK)
 
 
-def links(nl: Rtnl) -> list[Any]:
+def links(nl: Rtnl) -> list[LinkMsg]:
     """Every link of the socket's netns (without counters)."""
-    return nl.dump(link_msg(attrs=[("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)]), RTM_GETLINK, ifinfmsg)
+    return nl.dump(link_msg(attrs=[("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)]), RTM_GETLINK, LinkMsg)
 
 
-def port_vlan_msg(index: int, vid: int, flags: int) -> Any:
+def port_vlan_msg(index: int, vid: int, flags: int) -> LinkMsg:
     """Bridge port ``index``'s VLAN ``vid`` (AF_BRIDGE, IFLA_AF_SPEC): sent as RTM_SETLINK it adds the VLAN with
     ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
-    spec = {"attrs": [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]}
+    spec = [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]
     return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
 
 
@@ -197,7 +189,7 @@ def del_port_vlan(nl: Rtnl, index: int, vid: int) -> None:
     nl.ack(port_vlan_msg(index, vid, 0), RTM_DELLINK)
 
 
-def link_kind(msg: Any) -> str:
+def link_kind(msg: LinkMsg) -> str:
     kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
     return str(kind) if kind else ""
 
@@ -212,13 +204,10 @@ def random_mac() -> str:
 # ---------------------------------------------------------------- addresses
 
 
-def addr_msg(index: int, iface: IPIface, for_add: bool = True) -> Any:
-    """An ifaddrmsg for ``iface`` on link ``index``. For an add: the broadcast address on IPv4 (as ip(8) and the Go
-    netlink library set it) and no DAD on IPv6 (the address is usable at once)."""
-    msg = ifaddrmsg()
-    msg["family"] = AF_INET if iface.version == 4 else AF_INET6
-    msg["prefixlen"] = iface.network.prefixlen
-    msg["index"] = index
+def addr_msg(index: int, iface: IPIface, for_add: bool = True) -> AddrMsg:
+    """An address message for ``iface`` on link ``index``. For an add: the broadcast address on IPv4 (as ip(8) and
+    the Go netlink library set it) and no DAD on IPv6 (the address is usable at once)."""
+    msg = AddrMsg(family=AF_INET if iface.version == 4 else AF_INET6, prefixlen=iface.network.prefixlen, index=index)
     ip = str(iface.ip)
     attrs: list[Attr] = [("IFA_ADDRESS", ip)]
     if iface.version == 4:
@@ -244,7 +233,7 @@ def del_addr(nl: Rtnl, index: int, iface: IPIface) -> None:
 def addresses(nl: Rtnl, index: int) -> list[IPIface]:
     """The addresses on link ``index`` as interfaces (address/prefix)."""
     out: list[IPIface] = []
-    for msg in nl.dump(ifaddrmsg(), RTM_GETADDR, ifaddrmsg):
+    for msg in nl.dump(AddrMsg(), RTM_GETADDR, AddrMsg):
         if msg["index"] != index:
             continue
         a = msg.get("IFA_ADDRESS")
@@ -256,11 +245,11 @@ def addresses(nl: Rtnl, index: int) -> list[IPIface]:
 # ---------------------------------------------------------------- routes
 
 
-def route_msg(route: Route, index: int, onlink: bool = False) -> Any:
-    """An rtmsg adding ``route`` out of link ``index``: via ``route.gw`` (``onlink``: a gateway no address of the
+def route_msg(route: Route, index: int, onlink: bool = False) -> RouteMsg:
+    """A route message adding ``route`` out of link ``index``: via ``route.gw`` (``onlink``: a gateway no address of the
     link covers), or a link route (scope link) without one; ``mtu``/``advmss`` as route metrics; ``priority``,
     ``table`` and ``scope`` as given."""
-    msg = rtmsg()
+    msg = RouteMsg()
     if onlink and route.gw is not None:
         msg["flags"] = RTNH_F_ONLINK
     msg["family"] = AF_INET if route.dst.version == 4 else AF_INET6
@@ -288,7 +277,7 @@ def route_msg(route: Route, index: int, onlink: bool = False) -> Any:
     if route.advmss:
         metrics.append(("RTAX_ADVMSS", route.advmss))
     if metrics:
-        attrs.append(("RTA_METRICS", {"attrs": metrics}))
+        attrs.append(("RTA_METRICS", metrics))
     msg["attrs"] = attrs
     return msg
 
@@ -298,24 +287,23 @@ def add_route(nl: Rtnl, route: Route, index: int, onlink: bool = False) -> None:
     nl.ack(route_msg(route, index, onlink), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
 
 
-def routes(nl: Rtnl, family: int) -> list[Any]:
+def routes(nl: Rtnl, family: int) -> list[RouteMsg]:
     """Every route of ``family`` in the socket's netns, all tables."""
-    request = rtmsg()
-    request["family"] = family
-    return nl.dump(request, RTM_GETROUTE, rtmsg)
+    return nl.dump(RouteMsg(family=family), RTM_GETROUTE, RouteMsg)
 
 
 # ---------------------------------------------------------------- neighbours
 
 
-def neigh_msg(index: int, ip: Any, mac: str = "", proxy: bool = False) -> Any:
-    """An ndmsg for ``ip`` on link ``index``; with ``mac``, a permanent entry mapping it there; ``proxy``: a proxy
-    entry (the link answers for ``ip``)."""
-    msg = ndmsg()
-    msg["family"] = AF_INET if ip.version == 4 else AF_INET6
-    msg["ifindex"] = index
-    msg["state"] = NUD_PERMANENT
-    msg["flags"] = NTF_PROXY if proxy else 0
+def neigh_msg(index: int, ip: Any, mac: str = "", proxy: bool = False) -> NeighMsg:
+    """A neighbour message for ``ip`` on link ``index``; with ``mac``, a permanent entry mapping it there;
+    ``proxy``: a proxy entry (the link answers for ``ip``)."""
+    msg = NeighMsg(
+        family=AF_INET if ip.version == 4 else AF_INET6,
+        ifindex=index,
+        state=NUD_PERMANENT,
+        flags=NTF_PROXY if proxy else 0,
+    )
     attrs: list[Attr] = [("NDA_DST", str(ip))]
     if mac:
         attrs.append(("NDA_LLADDR", mac))
@@ -346,12 +334,10 @@ def del_proxy(nl: Rtnl, index: int, ip: Any) -> bool:
 
 def proxies(nl: Rtnl, index: int) -> list[Any]:
     """The IPv6 addresses link ``index`` answers for (its proxy neighbour entries)."""
-    request = ndmsg()
-    request["family"] = AF_INET6
-    request["flags"] = NTF_PROXY
+    request = NeighMsg(family=AF_INET6, flags=NTF_PROXY)
     return [
         ipaddress.ip_address(str(msg.get("NDA_DST")))
-        for msg in nl.dump(request, RTM_GETNEIGH, ndmsg)
+        for msg in nl.dump(request, RTM_GETNEIGH, NeighMsg)
         if msg["ifindex"] == index and int(msg["flags"]) & NTF_PROXY and msg.get("NDA_DST")
     ]
 
@@ -360,9 +346,7 @@ def neighbours(nl: Rtnl, index: int) -> dict[str, tuple[str, int]]:
     """``{address: (MAC, NUD state)}`` of the neighbour entries of link ``index``."""
     out: dict[str, tuple[str, int]] = {}
     for family in (AF_INET, AF_INET6):
-        request = ndmsg()
-        request["family"] = family
-        for msg in nl.dump(request, RTM_GETNEIGH, ndmsg):
+        for msg in nl.dump(NeighMsg(family=family), RTM_GETNEIGH, NeighMsg):
             if msg["ifindex"] == index and msg.get("NDA_DST"):
                 out[str(msg.get("NDA_DST"))] = (str(msg.get("NDA_LLADDR") or ""), int(msg["state"]))
     return out

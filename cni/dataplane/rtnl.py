@@ -1,20 +1,4 @@
-"""A synchronous rtnetlink socket: pyroute2's message classes over a plain ``AF_NETLINK`` socket.
-
-pyroute2 is the netlink library here: its ``ifinfmsg``, ``ifaddrmsg`` and ``rtmsg`` classes encode every request and
-decode every reply (attribute layouts, nested link info, veth peers, bridge port data, route metrics). What this
-module owns is only the transport, because pyroute2 0.9's own (``IPRoute``) costs more than the work it carries:
-
-- importing the ``pyroute2`` package runs its ``__init__``, which imports its whole flat API (NDB, IPDB, conntrack,
-  nftables, wireless, ...: 351 modules, 163 of them pyroute2's own, 120-150 ms on a 2-core node) before any netlink
-  message is sent. The standalone CNI entry point pays that at every exec; it needs three message classes (26 of
-  pyroute2's modules);
-- ``IPRoute`` runs an asyncio event loop per instance (one per call and side here), and asyncio alone is another
-  30-50 ms to import.
-
-So :func:`_register_package` puts the ``pyroute2`` package into ``sys.modules`` without running its ``__init__``
-(submodules import normally from its path), with a PEP 562 ``__getattr__`` that runs the real ``__init__`` the first
-time anybody asks the package itself for a name: ``from pyroute2 import IPRoute`` elsewhere in the same process
-still works. When ``pyroute2`` was imported before this module, nothing is changed.
+"""A synchronous rtnetlink socket: the messages of :mod:`cni.dataplane.messages` over a plain ``AF_NETLINK`` socket.
 
 The transport (:class:`Rtnl`): one request at a time per socket, each with its own sequence number; the kernel's
 answer is read until its ACK (``NLMSG_ERROR`` with code 0), its error, or the end of a dump (``NLMSG_DONE``). Errors
@@ -23,104 +7,49 @@ prefix length". A dump the kernel marks interrupted (``NLM_F_DUMP_INTR``: the ta
 again. A socket is bound to the network namespace of the thread that opens it, for its whole life. Every send and
 receive has a deadline (:data:`TIMEOUT`): a kernel that does not answer in time (RTNL held elsewhere for that long)
 is a NetlinkError ETIMEDOUT, which the dataplane reports as try-again-later.
+
+Standard library only. pyroute2's ``IPRoute`` was the transport once: importing its package runs an ``__init__`` of
+351 modules (120-150 ms on a 2-core node) and it runs an asyncio event loop per instance, both paid by every
+standalone CNI exec; its message classes went the same way later (:mod:`cni.dataplane.messages` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import os
 import socket
 import struct
-import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TypeVar
+
+from cni.dataplane.messages import Message
+
+M = TypeVar("M", bound=Message)
+
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+NLM_F_DUMP = 0x300  # NLM_F_ROOT | NLM_F_MATCH
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSG_OVERRUN = 4
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 
 
-def _register_package() -> None:
-    """Make ``pyroute2`` importable package-first without running its ``__init__`` (see the module docstring)."""
-    if "pyroute2" in sys.modules:
-        return
-    spec = importlib.util.find_spec("pyroute2")
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return  # not installed (or not a package): the imports below raise the usual ImportError
-    package = importlib.util.module_from_spec(spec)  # __path__, __spec__, __file__ set; __init__ not run
-    loader = spec.loader
+class NetlinkError(Exception):
+    """The kernel refused a request (or did not answer in time): ``code`` is the errno, ``args[1]`` the reason."""
 
-    def __getattr__(name: str) -> Any:
-        submodule = f"{package.__name__}.{name}"
-        if importlib.util.find_spec(submodule) is not None:
-            # `from pyroute2 import config` asks the package for the name before importing the submodule
-            return importlib.import_module(submodule)
-        # A name of the flat API (IPRoute, NDB, ...): run the real __init__ now, once, and answer from it.
-        package.__dict__.pop("__getattr__", None)
-        loader.exec_module(package)
-        return getattr(package, name)
+    def __init__(self, code: int, msg: str | None = None) -> None:
+        super().__init__(code, msg or os.strerror(code))
+        self.code = code
 
-    package.__dict__["__getattr__"] = __getattr__
-    sys.modules["pyroute2"] = package
-
-
-_register_package()
-
-from pyroute2.netlink import (  # noqa: E402 - after the package is registered
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_DUMP,
-    NLM_F_EXCL,
-    NLM_F_REPLACE,
-    NLM_F_REQUEST,
-    NLMSG_DONE,
-    NLMSG_ERROR,
-)
-from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
-from pyroute2.netlink.rtnl import (  # noqa: E402
-    RTM_DELADDR,
-    RTM_DELLINK,
-    RTM_DELNEIGH,
-    RTM_DELROUTE,
-    RTM_GETADDR,
-    RTM_GETLINK,
-    RTM_GETNEIGH,
-    RTM_GETROUTE,
-    RTM_NEWADDR,
-    RTM_NEWLINK,
-    RTM_NEWNEIGH,
-    RTM_NEWROUTE,
-    RTM_SETLINK,
-)
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
-from pyroute2.netlink.rtnl.ndmsg import ndmsg  # noqa: E402
-from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
-
-__all__ = [  # what cni.dataplane.nl (and cni.cluster.kernel) build requests from, and the parsing its tests check
-    "NLM_F_CREATE",
-    "NLM_F_EXCL",
-    "NLM_F_REPLACE",
-    "RTM_DELADDR",
-    "RTM_DELLINK",
-    "RTM_DELNEIGH",
-    "RTM_DELROUTE",
-    "RTM_GETADDR",
-    "RTM_GETLINK",
-    "RTM_GETNEIGH",
-    "RTM_GETROUTE",
-    "RTM_NEWADDR",
-    "RTM_NEWLINK",
-    "RTM_NEWNEIGH",
-    "RTM_NEWROUTE",
-    "RTM_SETLINK",
-    "NetlinkError",
-    "Rtnl",
-    "error_of",
-    "ifaddrmsg",
-    "ifinfmsg",
-    "ndmsg",
-    "parse",
-    "rtmsg",
-]
 
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10  # errors echo only the header of the failed request, not all of it
@@ -131,7 +60,6 @@ NLMSG_OVERRUN = 4
 NLM_F_CAPPED = 0x100
 NLM_F_ACK_TLVS = 0x200
 NLMSGERR_ATTR_MSG = 1
-RTEXT_FILTER_SKIP_STATS = 1 << 3  # link replies without the counters (smaller, faster to decode)
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence number, port id
 _ERRNO = struct.Struct("=i")
@@ -167,32 +95,26 @@ class Rtnl:
 
     # ------------------------------------------------------------ requests
 
-    def ack(self, msg: Any, msg_type: int, flags: int = 0) -> None:
+    def ack(self, msg: Message, msg_type: int, flags: int = 0) -> None:
         """Send ``msg`` as ``msg_type`` and wait for the kernel's ACK; :class:`NetlinkError` when it refuses."""
         seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_ACK | flags)
-        for _ in self._replies(seq, done_at_ack=True):
+        for _ in self._replies(seq, done_at_ack=True, small=True):
             pass
 
-    def get(self, msg: Any, msg_type: int, reply: type[Any]) -> Any:
+    def get(self, msg: Message, msg_type: int, reply: type[M]) -> M:
         """Send a GET request that has one answer (e.g. a link by name) and return it, decoded as ``reply``."""
         seq = self._send(msg, msg_type, NLM_F_REQUEST)
         for _, data in self._replies(seq, done_at_ack=False, first_only=True):
-            answer = reply(data)
-            answer.decode()
-            return answer
-        raise NetlinkError(0, f"no answer to netlink request type {msg_type}")
+            return _decoded(reply, data)
+        raise NetlinkError(errno.ENODATA, f"no answer to netlink request type {msg_type}")
 
-    def dump(self, msg: Any, msg_type: int, reply: type[Any]) -> list[Any]:
+    def dump(self, msg: Message, msg_type: int, reply: type[M]) -> list[M]:
         """Send a DUMP request and return every answer decoded as ``reply`` (read again while interrupted)."""
-        decoded = [reply(data) for data in self.dump_raw(msg, msg_type)]
-        for m in decoded:
-            m.decode()
-        return decoded
+        return [_decoded(reply, data) for data in self.dump_raw(msg, msg_type)]
 
-    def dump_raw(self, msg: Any, msg_type: int) -> list[bytes]:
+    def dump_raw(self, msg: Message, msg_type: int) -> list[bytes]:
         """Send a DUMP request and return every answer as the message's bytes (netlink header included), for a
-        caller that reads a few fields of thousands of answers: pyroute2's decoded messages cost kilobytes each, and
-        their reference cycles outlive the call until the garbage collector runs."""
+        caller that reads a few fields of thousands of answers without decoding each whole."""
         for _ in range(_DUMP_ATTEMPTS):
             seq = self._send(msg, msg_type, NLM_F_REQUEST | NLM_F_DUMP)
             answers = list(self._replies(seq, done_at_ack=False))
@@ -202,27 +124,24 @@ class Rtnl:
 
     # ------------------------------------------------------------ wire
 
-    def _send(self, msg: Any, msg_type: int, flags: int) -> int:
+    def _send(self, msg: Message, msg_type: int, flags: int) -> int:
         self._seq = self._seq % 0x7FFFFFFF + 1
-        header = msg["header"]
-        header["type"] = msg_type
-        header["flags"] = flags
-        header["sequence_number"] = self._seq
-        header["pid"] = 0
-        msg.reset()
-        msg.encode()
+        data = msg.encode(msg_type, flags, self._seq)
         try:
-            self._sock.send(msg.data)
+            self._sock.send(data)
         except BlockingIOError:  # SO_SNDTIMEO ran out
             raise NetlinkError(errno.ETIMEDOUT, f"the kernel took no request within {TIMEOUT:g}s") from None
         return self._seq
 
-    def _replies(self, seq: int, done_at_ack: bool, first_only: bool = False) -> Iterator[tuple[int, bytes]]:
+    def _replies(
+        self, seq: int, done_at_ack: bool, first_only: bool = False, small: bool = False
+    ) -> Iterator[tuple[int, bytes]]:
         """``(flags, message bytes)`` of each data message answering ``seq``, until the answer is complete. Raises
         NetlinkError for an error answer. With ``first_only`` the answer is complete after its first data message
-        (GET of one object: the kernel sends it without NLMSG_DONE)."""
+        (GET of one object: the kernel sends it without NLMSG_DONE). ``small``: the answer is an ACK or an error,
+        which always fits the buffer (see :meth:`_recv`)."""
         while True:
-            n = self._recv()
+            n = self._recv(small)
             for msg_type, flags, msg_seq, data in parse(memoryview(self._buf)[:n]):
                 if msg_seq != seq:
                     continue  # an answer to an earlier request given up on (cannot happen with one caller)
@@ -244,17 +163,31 @@ class Rtnl:
                 if first_only:
                     return
 
-    def _recv(self) -> int:
-        # Peek at the real size first, as iproute2 does: a datagram larger than the buffer would otherwise be cut
-        # silently (dumps come in datagrams of at most 32 KiB, but one GET answer, e.g. a link with many VFs, can be
-        # bigger). The second system call per datagram costs microseconds.
+    def _recv(self, small: bool = False) -> int:
+        # For data answers, peek at the real size first, as iproute2 does: a datagram larger than the buffer would
+        # otherwise be cut silently (dumps come in datagrams of at most 32 KiB, but one GET answer, e.g. a link with
+        # many VFs, can be bigger). An ACK or error answer (``small``) is read at once: it is the failed request's
+        # header (NETLINK_CAP_ACK) or, on kernels without it, the request itself, and a few hundred bytes of the
+        # kernel's message; every request here is far below the buffer's 64 KiB. MSG_TRUNC still reports a cut one.
+        # (One system call less per request: each is a moment the agent's threads hand the GIL to one another.)
         try:
-            size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
-            if size > len(self._buf):
-                self._buf = bytearray(size)
-            return self._sock.recv_into(self._buf, len(self._buf))
+            if not small:
+                size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_PEEK | socket.MSG_TRUNC)
+                if size > len(self._buf):
+                    self._buf = bytearray(size)
+            size = self._sock.recv_into(self._buf, len(self._buf), socket.MSG_TRUNC)
         except BlockingIOError:  # SO_RCVTIMEO ran out
             raise NetlinkError(errno.ETIMEDOUT, f"no answer from the kernel within {TIMEOUT:g}s") from None
+        if size > len(self._buf):
+            raise NetlinkError(errno.EMSGSIZE, f"an answer of {size} bytes, larger than the {len(self._buf)} expected")
+        return size
+
+
+def _decoded(reply: type[M], data: bytes) -> M:
+    try:
+        return reply.decode(data)
+    except ValueError as e:
+        raise NetlinkError(errno.EBADMSG, f"a malformed answer from the kernel: {e}") from None
 
 
 def parse(buf: memoryview | bytes) -> Iterable[tuple[int, int, int, memoryview]]:

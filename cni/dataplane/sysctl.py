@@ -19,8 +19,8 @@ def _path(key: str) -> str:
 def read(key: str) -> str | None:
     """The value of ``key`` (``net.ipv4.ip_forward`` or ``net/ipv6/conf/eth0/accept_dad``); None when absent."""
     try:
-        with open(_path(key)) as f:
-            return f.read().strip()
+        with open(_path(key), "rb", buffering=0) as f:  # unbuffered bytes: no text layer set up for two bytes
+            return f.read(4096).decode(errors="replace").strip()
     except FileNotFoundError:
         return None
 

@@ -12,7 +12,8 @@ range sets it has no address in yet.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Collection, Iterator, Sequence
+import socket
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from cni.errors import INVALID_NETWORK_CONFIG, IPAM_EXHAUSTED, UNKNOWN_CONTAINER, CniError
 from cni.ipam.store import Lease, Txn
@@ -59,6 +60,18 @@ def _candidates(rs: Sequence[RangeConf], last: IPAddress | None) -> Iterator[tup
             yield from ((x, r) for x in range(lo, start_ip))
         else:
             yield from ((x, r) for x in range(lo, hi + 1))
+
+
+def _taken(leases: Iterable[Lease]) -> set[tuple[int, int]]:
+    """``(version, address as an integer)`` of every lease: what the search must skip. Read with ``inet_pton`` rather
+    than :mod:`ipaddress` (the store holds only addresses this module wrote, in their canonical form): every ADD
+    reads every lease of the network, 1.7 µs each through ``ipaddress``, 0.2 µs this way."""
+    out = set()
+    for x in leases:
+        v6 = ":" in x.ip
+        packed = socket.inet_pton(socket.AF_INET6 if v6 else socket.AF_INET, x.ip)
+        out.add((6 if v6 else 4, int.from_bytes(packed, "big")))
+    return out
 
 
 def _pick(txn: Txn, index: int, rs: Sequence[RangeConf], taken: set[tuple[int, int]]) -> tuple[IPAddress, RangeConf]:
@@ -112,7 +125,7 @@ def allocate(
                 )
         else:
             if taken is None:
-                taken = {(a.version, int(a)) for a in (ipaddress.ip_address(x.ip) for x in txn.leases())}
+                taken = _taken(txn.leases())
             ip, r = _pick(txn, i, rs, taken)
             if not txn.reserve(Lease(str(ip), container_id, ifname, key)):  # the store disagrees: never hand it out
                 raise CniError(IPAM_EXHAUSTED, details=f"address {ip} was leased concurrently; try again")

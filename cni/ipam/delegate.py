@@ -9,15 +9,14 @@ The child gets an explicit environment (the request's ``CNI_*`` variables, not t
 requests run at once, each with its own; and a non-zero exit's stdout matters. That is why this runs the child itself
 rather than through ``nodeplug.commands.run`` (process environment, stdout dropped on failure); it keeps that
 helper's rules: argument list, no shell, a timeout (the child's whole session is killed), errors naming the command
-and its stderr. ``subprocess`` is imported when a delegate is actually run: a standalone CNI exec with the built-in
-IPAM never pays for it.
+and its stderr. ``subprocess`` and ``signal`` are imported when a delegate is actually run: a standalone CNI exec with
+the built-in IPAM never pays for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +45,7 @@ def find_plugin(plugin_type: str, cni_path: Sequence[str]) -> str:
 def _run(exe: str, command: str, env: Mapping[str, str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
     """Run in its own session so a timeout kills the plugin and anything it started (which would otherwise hold
     its output pipes open past the timeout)."""
+    import signal
     import subprocess
 
     # Popen rather than nodeplug.commands.run, which cannot do any of: a per-request env (the agent runs many requests

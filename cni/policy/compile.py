@@ -4,12 +4,16 @@ to date as Pods, Namespaces and NetworkPolicies change.
 Enforcement is on the node of the pod it protects: ingress on the destination pod's node, egress on the source
 pod's. So a node materialises only the policies that select at least one of its own pods ("active"), but their
 peers are pods anywhere in the cluster. The table (``inet nodeplug-policy``), on the inet ``forward`` hook, which
-routed pod traffic and (with ``bridge-nf-call-iptables``/``ip6tables``) bridged pod traffic both traverse::
+routed pod traffic and (with ``bridge-nf-call-iptables``/``ip6tables``) bridged pod traffic both traverse, and on
+the ``input`` hook for what a pod sends to its own node (the node's addresses, and a Service whose endpoint is a
+host-network pod of this node, DNATed to the node's address before the hook)::
 
     chain egress  { type filter hook forward priority -1; policy accept;      # then, for the same packet:
         icmpv6 type { nd-... } accept                                          # neighbour discovery between pods
         ct state established,related accept                                   # replies, and flows let in before
         ip saddr vmap @eg4            ip6 saddr vmap @eg6 }                    # a local pod isolated for egress
+    chain egress-node { type filter hook input priority -1; policy accept;    # the same, to this node itself
+        ... ip saddr vmap @eg4        ip6 saddr vmap @eg6 }
     chain ingress { type filter hook forward priority 0; policy accept;
         ... ct state established,related accept
         ip daddr vmap @in4            ip6 daddr vmap @in6 }                    # a local pod isolated for ingress
@@ -26,7 +30,9 @@ pods), then walks only the rules of the policies that select its pod; peers are 
 (resolved per pod: for ingress on the protected pod, for egress on the destination pod). An ``accept`` ends this
 base chain only, so a packet between two pods of this node passes the source's egress and then the destination's
 ingress; a drop is final. Traffic from the node itself to its pods never takes the forward hook (kubelet's probes
-pass), and replies to allowed connections are ``established``.
+pass), and replies to allowed connections are ``established``. A pod isolated for egress reaches its own node only
+where its policies allow the node's address (an ``ipBlock``), as it reaches any other node; there is no pod of
+the node on the input hook to isolate for ingress: the node's own traffic is never filtered.
 
 Sets are named by a hash of what they hold the definition of (the peers of a rule and their namespace, the ipBlock
 networks), so policies with the same peers share one set, and a changed definition is a new set, never an old one
@@ -65,6 +71,9 @@ HOOKS = {
     "egress": "type filter hook forward priority -1; policy accept;",
     "ingress": "type filter hook forward priority 0; policy accept;",
 }
+TO_NODE = "egress-node"  # egress to this node's own addresses: the input hook, the egress maps
+TO_NODE_HOOK = "type filter hook input priority -1; policy accept;"
+BASE_CHAINS = (*DIRECTIONS, TO_NODE)
 
 
 @dataclass(frozen=True)
@@ -272,6 +281,7 @@ class Compiler:
                 name = f"{SHORT[d]}{v}"
                 want.sets[name] = SetSpec(ADDR[v], value="verdict")
                 want.maps[name] = {a: f"goto {c}" for a, c in selection[d].items() if (":" in a) == (v == 6)}
+        want.chains[TO_NODE] = Chain(want.chains["egress"].rules, TO_NODE_HOOK)
         want.counters = frozenset(f"drop-{SHORT[d]}-{h(ns)}" for d in DIRECTIONS for ns in set(chain_ns.values()))
         want.counters = frozenset(
             c for c in want.counters if any(r.endswith(f"{c} drop") for ch in want.chains.values() for r in ch.rules)

@@ -11,7 +11,7 @@
       log_drops: false         # log dropped packets to the kernel log (prefix "nodeplug-policy"), rate-limited
       log_rate: 5              # at most this many log lines per second and namespace (burst 10)
 
-Without a Kubernetes API the section is ignored.
+Without a Kubernetes API, or with the agent's CNI off (``cni.enabled: false``), the section is ignored.
 """
 
 from __future__ import annotations

@@ -16,16 +16,21 @@ and every DEL and GC (a freed address must not keep the permissions of the pod t
 Only the policy agent lets an address go, in the same transaction that installs the rules of the pod that now has
 it. Without the table (policy enforcement not in use on this node) :func:`hold` does nothing.
 
-Standard library only (and :mod:`cni.dataplane.tools`): the standalone entry point calls it.
+Standard library only: the standalone entry point calls it. :func:`hold` talks to the kernel itself (one nfnetlink
+batch, :mod:`cni.policy.nfsets`), so a standalone ADD or DEL runs no ``nft``: it fails closed all the same, as any
+refusal but "no such table" (this node enforces no policy) fails the command. The policy agent's side (making the
+table, reading and releasing addresses) runs ``nft``.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 from collections.abc import Iterable
 
 from cni.dataplane.tools import ToolError, run_tool
+from cni.policy import nfsets
 
 TABLE = "nodeplug-quarantine"
 NFT_TIMEOUT = 10.0
@@ -58,17 +63,22 @@ def script(verb: str, ips: Iterable[str]) -> str:
                    for v, a in _by_family(ips).items() if a)  # fmt: skip
 
 
+_ABSENT = frozenset({errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT})  # no table, or no nf_tables at all
+
+
 def hold(ips: Iterable[str]) -> bool:
-    """Quarantine ``ips``; False when this node has no quarantine (no policy enforcement)."""
-    text = script("add", ips)
-    if not text:
+    """Quarantine ``ips`` (in one transaction); False when this node has no quarantine (no policy enforcement).
+    :class:`QuarantineError` for any other refusal, or no answer in time: the caller's command fails (closed)."""
+    addresses = [ipaddress.ip_address(text.split("/")[0]) for text in ips]
+    if not addresses:
         return True
+    sets = {f"q{v}": [a.packed for a in addresses if a.version == v] for v in (4, 6)}
     try:
-        run_tool(["nft", "-f", "-"], timeout=NFT_TIMEOUT, input=text.encode())
-    except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
+        nfsets.add_elements(TABLE, sets, timeout=NFT_TIMEOUT)
+    except nfsets.NfError as e:
+        if e.code in _ABSENT:
             return False
-        raise QuarantineError(f"quarantine {', '.join(ips)}: {e}") from None
+        raise QuarantineError(f"quarantine {', '.join(map(str, addresses))}: {e}") from None
     return True
 
 

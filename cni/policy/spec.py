@@ -1,5 +1,5 @@
 """Network policy as the agent shell knows it: the ``network_policy`` section, built only when the agent follows a
-Kubernetes API. Imports only its config; the service's code loads when it starts."""
+Kubernetes API and its CNI is on. Imports only its config; the service's code loads when it starts."""
 
 from __future__ import annotations
 
@@ -29,4 +29,7 @@ def _checks(section: PolicyConfig, ctx: AgentContext) -> list[Check]:
     return checks(section, ctx)
 
 
-SPEC = PluginSpec(name="network_policy", section=PolicyConfig, of=_of, create=_create, checks=_checks, needs_kube=True)
+SPEC = PluginSpec(
+    name="network_policy", section=PolicyConfig, of=_of, create=_create, checks=_checks, needs_kube=True,
+    needs=("cni",),  # it enforces on the pods nodeplug's CNI attaches; without them it has nothing to do
+)  # fmt: skip

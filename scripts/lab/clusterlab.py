@@ -293,6 +293,7 @@ class Lab:
         labels: dict[str, str],
         ports: list[dict[str, Any]] | None = None,
         report: bool = True,
+        datapath: str = "bridge",
     ) -> Pod:
         """A pod as a kubelet makes one: the Pod object (bound to ``node``) first, then CNI ADD with its
         ``K8S_POD_*`` arguments, then (``report``) its addresses in the Pod's status."""
@@ -305,10 +306,10 @@ class Lab:
         cid = f"{self.tag}-{len(self.pods)}"
         uid = obj["metadata"]["uid"]
         args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
-        code, result = node.cni("ADD", ns.name, cid, args)
+        code, result = node.cni("ADD", ns.name, cid, args, datapath)
         if code != 0:
             raise AssertionError(f"ADD on {node.name}: {result}\n{node.log_tail()}")
-        pod = Pod(node, ns, cid, result, namespace, name)
+        pod = Pod(node, ns, cid, result, namespace, name, datapath)
         self.pods.append(pod)
         if report:
             self.report(pod)

@@ -475,6 +475,8 @@ def test_a_route_the_kernel_refuses_is_counted_failed_named_in_readyz_and_an_eve
         return float(failed_changes(n1).rsplit(" ", 1)[1])
 
     before = failed()
+    landed6 = set(routes(n1, 6))  # the peers' IPv6 routes over the device: the kernel flushes them with its IPv6
+    assert any(r.get("dev") == "nodeplug.vx" for r in routes(n1, 6).values())
     vtep = {"nodeplug.io/vtep-mac": "02:00:00:00:3d:01", "nodeplug.io/vtep-address": "192.168.78.61"}
     n1.ns.exec("sysctl", "-qw", f"{sysctl}=1")
     try:
@@ -490,6 +492,8 @@ def test_a_route_the_kernel_refuses_is_counted_failed_named_in_readyz_and_an_eve
         n1.ns.exec("sysctl", "-qw", f"{sysctl}=0")
         wait_for("the route lands once the kernel takes it", lambda: "fd44:0:0:61::/64" in routes(n1, 6), timeout=HANG)
         wait_for("ready again", lambda: n1.http("/readyz")[0] == 200, timeout=HANG)
+        # ready means every planned route is in place, those the kernel flushed with the device's IPv6 included
+        assert landed6 <= set(routes(n1, 6)), landed6 - set(routes(n1, 6))
     finally:
         n1.ns.exec("sysctl", "-qw", f"{sysctl}=0", check=False)
         lab.api.ok("DELETE", "/api/v1/nodes/refused6")

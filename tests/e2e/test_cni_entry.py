@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cni.policy import quarantine
 
 from lab.cniexec import exec_plugin
 from support.agent import free_port
@@ -246,3 +249,30 @@ def test_version_without_agent_and_without_stdin(host: str) -> None:
     assert json.loads(p.stdout)["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
     p = subprocess.run([ENTRY], input=b"{}", capture_output=True, env={}, timeout=30, check=False)
     assert p.returncode == 1 and json.loads(p.stdout)["code"] == 4
+
+
+@pytest.mark.skipif(not shutil.which("nft"), reason="no nft: needed to make the quarantine table")
+def test_a_standalone_add_and_del_of_a_pod_hold_its_address_in_quarantine_without_running_nft(
+    host: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """The entry point (no agent) quarantines a Kubernetes pod's address at ADD and again at DEL, by talking to the
+    kernel itself: nothing that would run ``nft`` (subprocess, the agent's command runner, asyncio) is imported."""
+    subprocess.run(["ip", "netns", "exec", host, "nft", "-f", "-"], input=quarantine.SETUP, text=True, check=True)
+    conf = netconf(tmp_path, tmp_path / "no-agent.sock")
+    env = {"PATH": os.environ["PATH"], "CNI_CONTAINERID": "q1", "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni",
+           "CNI_NETNS": f"/run/netns/{netns()}", "CNI_ARGS": "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p1"}  # fmt: skip
+    argv = ["ip", "netns", "exec", host, sys.executable, "-X", "importtime", ENTRY]
+
+    def held() -> set[str]:
+        out = subprocess.run(["ip", "netns", "exec", host, "nft", "-j", "list", "set", "inet", quarantine.TABLE, "q4"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return {e for item in json.loads(out)["nftables"] for e in (item.get("set") or {}).get("elem", [])}
+
+    for command in ("ADD", "DEL"):
+        code, res, err = exec_plugin(argv, conf, {**env, "CNI_COMMAND": command})
+        assert code == 0, (res, err)
+        imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
+        assert "cni.policy.nfsets" in imported
+        assert not {"subprocess", "asyncio", "nodeplug.commands", "pyroute2"} & imported, command
+        assert held() == {"10.94.0.2"}, command
+    assert leases(tmp_path) == []

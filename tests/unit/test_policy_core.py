@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy
 
 from cni.policy import selector
-from cni.policy.compile import Compiler, DropLog
+from cni.policy.compile import BASE_CHAINS, Compiler, DropLog
 from cni.policy.model import (
     NAME_LABEL,
     NamespaceInfo,
@@ -201,7 +201,7 @@ def assert_consistent(want: Any) -> None:
         for verdict in m.values():
             assert verdict.split()[1] in want.chains
             referenced.add(verdict.split()[1])
-    assert set(want.chains) - referenced == {"ingress", "egress"}
+    assert set(want.chains) - referenced == set(BASE_CHAINS)
     assert set(want.elements) <= set(want.sets)
 
 
@@ -252,7 +252,7 @@ def test_a_pod_no_policy_selects_is_open_and_a_policy_with_no_local_pod_is_not_m
     )  # fmt: skip
     want = c.ruleset()
     assert all(not m for m in want.maps.values())
-    assert set(want.chains) == {"ingress", "egress"}
+    assert set(want.chains) == set(BASE_CHAINS)
 
 
 def test_named_ports_are_resolved_per_protected_pod() -> None:
