@@ -126,3 +126,60 @@ def test_each_node_its_own_pool_and_a_claims_pod_runs_where_its_device_is(
         cluster.on_node(node, "test", "-f", spec)
         cluster.exec(ns, name, "sh", "-c", "exec 3<>/dev/fuse")
     cluster.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", timeout=180)
+
+
+def using(cluster: Cluster, name: str, claim_name: str, node: str) -> dict[str, Any]:
+    """A pod on ``node`` (placed by the scheduler) with the claim mounted at /data."""
+    return cluster.pod(name, volumeMounts=[MOUNT], **on(node),
+                       volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}])  # fmt: skip
+
+
+def snapshots_on(cluster: Cluster, node: str, snapshot_id: str) -> list[str]:
+    """What holds the snapshot ``snapshot_id`` in ``node``'s own /var/lib/nodeplug."""
+    return cluster.on_node(node, "find", "/var/lib/nodeplug", "-path", "*/snapshots/*", "-name", f"{snapshot_id}*",
+                           "-prune").split()  # fmt: skip
+
+
+@pytest.mark.parametrize("storage_class", ["nodeplug-local", "nodeplug-btrfs"])
+def test_a_snapshot_and_a_clone_stay_on_their_node(
+    cluster: Cluster, ns: str, nodes: list[str], storage_class: str
+) -> None:
+    node = nodes[-1]  # not the first: its paths are the machine's own
+    source = claim("data", storage_class)
+    writer = using(cluster, "writer", "data", node)
+    cluster.apply(ns, source, writer)
+    cluster.wait_running(ns, "writer", timeout=180)
+    cluster.exec(ns, "writer", "sh", "-c", f"echo from-{node} > /data/f && sync")
+    spec = {"volumeSnapshotClassName": "nodeplug-snapshot", "source": {"persistentVolumeClaimName": "data"}}
+    snap = {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
+            "spec": spec}  # fmt: skip
+    cluster.apply(ns, snap)
+    cluster.wait("VolumeSnapshot readyToUse", lambda: cluster.get("-n", ns, "volumesnapshot", "snap")
+                 .get("status", {}).get("readyToUse") is True, 120)  # fmt: skip
+    content = cluster.get("volumesnapshotcontent", cluster.get("-n", ns, "volumesnapshot", "snap")["status"]
+                          ["boundVolumeSnapshotContentName"])  # fmt: skip
+    snapshot_id = content["status"]["snapshotHandle"]
+    assert snapshots_on(cluster, node, snapshot_id), f"snapshot {snapshot_id} not in {node}'s /var/lib/nodeplug"
+    elsewhere = {other: snapshots_on(cluster, other, snapshot_id) for other in nodes if other != node}
+    assert not any(elsewhere.values()), f"snapshot {snapshot_id} of {node} also on {elsewhere}"
+
+    restored = claim("restored", storage_class)
+    restored["spec"]["dataSource"] = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}
+    clone = claim("clone", storage_class)
+    clone["spec"]["dataSource"] = {"kind": "PersistentVolumeClaim", "name": "data"}
+    cluster.apply(
+        ns, restored, clone, using(cluster, "restored", "restored", node), using(cluster, "clone", "clone", node)
+    )
+    cluster.wait_running(ns, "restored", "clone", timeout=180)
+    for name in ("restored", "clone"):
+        pv = cluster.get("pv", cluster.get("-n", ns, "pvc", name)["spec"]["volumeName"])
+        (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+        assert term["matchExpressions"] == [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}], term
+        volume_id = pv["spec"]["csi"]["volumeHandle"]
+        assert backing_on(cluster, node, volume_id), f"{name} {volume_id} not in {node}'s /var/lib/nodeplug"
+        elsewhere = {other: backing_on(cluster, other, volume_id) for other in nodes if other != node}
+        assert not any(elsewhere.values()), f"{name} {volume_id} of {node} also on {elsewhere}"
+        assert cluster.exec(ns, name, "cat", "/data/f").strip() == f"from-{node}"
+    cluster.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", timeout=180)
+    cluster.kubectl("-n", ns, "delete", "volumesnapshot", "snap", "--wait=true", timeout=180)
+    cluster.kubectl("-n", ns, "delete", "pvc", "--all", "--wait=true", timeout=180)
