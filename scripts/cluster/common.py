@@ -27,11 +27,10 @@ LOCK = Path("/run/lock/nodeplug-cluster.lock")
 
 # Names on the host. One cluster at a time (the lock), so they are fixed: a crashed cluster is found again by them.
 NETNS = "nodeplug-cluster"
-HOST_VETH = "npcluster0"  # host end of the link into the cluster's network namespace
-NODE_VETH = "eth0"  # its end inside (the node's interface)
+HOST_VETH = "npcluster0"  # the underlay: a bridge on the host, every node's eth0 attached (scripts/cluster/nodes.py)
 HOST_ADDR = "198.18.0.1"  # RFC 2544 benchmarking range: nothing else on the machine uses it
-NODE_ADDR = "198.18.0.2"  # the node's InternalIP and the API server's advertise address
-PREFIX = 30
+NODE_ADDR = "198.18.0.2"  # the API server's advertise address (the control plane's namespace: scripts/cluster/nodes.py)
+PREFIX = 24
 RUN = Path("/run/nodeplug-cluster")  # sockets and runtime state (short: unix socket paths must fit 108 bytes)
 CGROUP = "nodeplug-cluster"  # the daemons' cgroup (pids and freezer hierarchies); pods go to /kubepods
 SERVICE_CIDR = "10.96.0.0/16"
@@ -102,12 +101,6 @@ def wait_for(what: str, probe: Callable[[], bool], timeout: float, log_file: Pat
         delay = min(delay * 1.5, 1.0)
     hint = f" (see {log_file})" if log_file else ""
     raise ClusterError(f"{what}: not within {timeout:.0f} s{hint}")
-
-
-def in_netns(argv: Sequence[str | Path]) -> list[str]:
-    """``argv`` run in the cluster's network namespace only (``ip netns exec`` would also give it a mount namespace
-    of its own, hiding kubelet's mounts from the host)."""
-    return ["nsenter", f"--net=/run/netns/{NETNS}", "--", *[str(a) for a in argv]]
 
 
 class State:

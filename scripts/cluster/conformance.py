@@ -190,6 +190,19 @@ def cluster_dir_ready(cluster_dir: Path) -> bool:
     return state.is_file() and bool(json.loads(state.read_text()).get("ready"))
 
 
+def driver_file(suite: Suite, state: State, report_dir: Path) -> Path:
+    """The suite's driver file; on a cluster of several nodes, a copy naming the node the suite's pods run on
+    (``ClientNodeName``, as upstream's own node-local driver, csi-hostpath, pins them to one node): the specs place a
+    claim restored from a snapshot, or cloned, with its pod wherever the scheduler likes, and the scheduler knows
+    nothing of where the source is; a node-local volume's snapshot or clone can only be made on the source's node."""
+    nodes = state.list("nodes") or [str(state.data["node"])]
+    if len(nodes) == 1:
+        return DRIVERS / suite.driver
+    copy = report_dir / suite.driver
+    copy.write_text((DRIVERS / suite.driver).read_text() + f"ClientNodeName: {nodes[0]}\n")
+    return copy
+
+
 def run_suite(suite: Suite, focus: str | None, cluster_dir: Path) -> Tally:
     """e2e.test against the cluster in ``cluster_dir``; the report in DIR/conformance/SUITE-<time>."""
     state = State(cluster_dir)
@@ -207,7 +220,7 @@ def run_suite(suite: Suite, focus: str | None, cluster_dir: Path) -> Tally:
     ]  # fmt: skip
     argv += [f"--ginkgo.skip={s.pattern}" for s in skips]
     if suite.driver:
-        argv.append(f"-storage.testdriver={DRIVERS / suite.driver}")
+        argv.append(f"-storage.testdriver={driver_file(suite, state, report_dir)}")
     (report_dir / "command").write_text(" ".join(argv) + "\n")
     log(f"{suite.name}: e2e.test running (log: {report_dir / 'e2e.log'})")
     with open(report_dir / "e2e.log", "wb") as out:
@@ -232,7 +245,7 @@ def run_suite(suite: Suite, focus: str | None, cluster_dir: Path) -> Tally:
     return tally
 
 
-def main(suite_name: str, focus: str | None, cluster_dir: Path | None) -> int:
+def main(suite_name: str, focus: str | None, cluster_dir: Path | None, nodes: int = 1) -> int:
     """Run ``suite_name`` on the cluster in ``cluster_dir`` (made there first if it holds none, and then removed
     again; with no DIR, in a new directory under /var/tmp); 0 when every selected spec passed or skipped itself."""
     suite = SUITES[suite_name]
@@ -248,7 +261,7 @@ def main(suite_name: str, focus: str | None, cluster_dir: Path | None) -> int:
         started = time.monotonic()
         if made:
             log(f"no cluster in {cluster_dir}: bringing one up (scripts/cluster-up)")
-            up.up(cluster_dir)
+            up.up(cluster_dir, nodes)
         tally = run_suite(suite, focus, cluster_dir)
         print(f"{suite.name}: wall time {time.monotonic() - started:.0f} s (cluster-up included: {made})", flush=True)
         return 0 if tally.ok else 1

@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from cluster import nodes
 from cluster.common import (
     CGROUP,
     HOST_VETH,
@@ -52,7 +53,7 @@ def cluster_pids(state: State) -> set[int]:
     for root in cgroup_roots():
         pids |= _pids_in(root / CGROUP)
     for cg in state.list("cgroups"):
-        if Path(cg).name == "kubepods":
+        if Path(cg).name == "kubepods" or Path(cg).name.startswith(f"{CGROUP}-"):  # the nodes' pods
             pids |= _pids_in(Path(cg))
     pids.discard(os.getpid())
     return pids
@@ -79,22 +80,24 @@ def _mountinfo() -> list[tuple[str, str, str]]:
 
 def remove_pods(state: State) -> None:
     crictl = str(state.data.get("crictl", ""))
-    sock = RUN / "containerd.sock"
-    if not crictl or not Path(crictl).is_file() or not sock.exists():
-        return
-    with contextlib.suppress(ClusterError):
-        run([crictl, f"--runtime-endpoint=unix://{sock}", "--timeout=20s", "rmp", "--all", "--force"], timeout=90)
+    for node in nodes.from_state(state):
+        sock = node.run / "containerd.sock"
+        if not crictl or not Path(crictl).is_file() or not sock.exists():
+            continue
+        with contextlib.suppress(ClusterError):  # in the node's namespaces: CNI DEL and unmounts happen there
+            run(node.enter([crictl, f"--runtime-endpoint=unix://{sock}", "--timeout=20s", "rmp", "--all", "--force"]),
+                timeout=90)  # fmt: skip
 
 
 def kill_all(state: State) -> None:
     pids = state.data.get("pids", {})
     assert isinstance(pids, dict)
-    daemons = ("kubelet", "kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
-               "etcd")  # fmt: skip
-    for name in daemons:
+    order = ("kubelet", "kube-proxy", "containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver",
+             "etcd")  # fmt: skip
+    for name in sorted(pids, key=lambda n: next((k for k, d in enumerate(order) if n.startswith(d)), len(order))):
         pid = pids.get(name)
         if isinstance(pid, int) and alive(pid) and _in_cluster(pid):
-            stop(pid, 10 if name != "kubelet" else 2)
+            stop(pid, 2 if name.startswith("kubelet") else 10)
     keeper = state.data.get("keeper")
     for _ in range(50):
         left = cluster_pids(state) - {keeper}
@@ -185,7 +188,10 @@ def remove_paths(state: State) -> None:
                 p.unlink()
             elif p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
-    for d in ("containerd", "containerd-opt", "etcd", "volume-plugins", "btrfs.img"):
+    every = nodes.from_state(state)
+    names = [n.suffix(d) for n in every for d in ("containerd", "containerd-opt", "volume-plugins")]
+    names += [f"{n.suffix('btrfs')}.img" for n in every]
+    for d in (*names, "etcd", "nodes"):
         p = state.dir / d
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -200,16 +206,16 @@ def teardown(cluster_dir: Path) -> None:
     state = State(cluster_dir)
     pids = state.data.get("pids", {})
     assert isinstance(pids, dict)
-    kubelet = pids.get("kubelet")
-    if isinstance(kubelet, int) and alive(kubelet) and _in_cluster(kubelet):
-        stop(kubelet, 2)
+    for name, pid in pids.items():  # the kubelets first, so that nothing restarts containers
+        if name.startswith("kubelet") and isinstance(pid, int) and alive(pid) and _in_cluster(pid):
+            stop(pid, 2)
     remove_pods(state)
     inodes = _netns_inodes(cluster_pids(state))
     kill_all(state)
     unmount_all(state, inodes)
     detach_loops(state)
-    if state.data.get("netns"):
-        subprocess.run(["ip", "netns", "delete", NETNS], capture_output=True, timeout=30, check=False)
+    for netns in {*state.list("netns_all"), *([NETNS] if state.data.get("netns") else [])}:
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=30, check=False)
     subprocess.run(["ip", "link", "delete", HOST_VETH], capture_output=True, timeout=30, check=False)
     remove_cgroups(state)
     remove_paths(state)

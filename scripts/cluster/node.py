@@ -1,11 +1,11 @@
-"""The node and its control plane: a network namespace of their own, cgroups to find every process again, the
-daemons' configurations, and starting them.
+"""The nodes and their control plane: cgroups to find every process again, the daemons' configurations, and
+starting them (how each node's namespaces are made: scripts/cluster/nodes.py).
 
-Every daemon runs in the network namespace NETNS (only the host end of one veth pair is outside it): etcd on its
-127.0.0.1; the API server on 0.0.0.0 there, advertising NODE_ADDR; kubelet, containerd and kube-proxy, so host-network
-pods (the nodeplug agent) share that namespace and the pod bridge, its masquerading rules and kube-proxy's Service
-rules all live and die there. The mount namespace is the host's: kubelet's directory, nodeplug's
-state and the CNI binaries are at their real paths, as on any node.
+Every daemon runs in a network namespace of the cluster: etcd on the control plane's 127.0.0.1; the API server on
+0.0.0.0 there, advertising NODE_ADDR; each node's kubelet, containerd and kube-proxy in its own, so host-network pods
+(the nodeplug agent) share that namespace and the pod bridge, its masquerading rules and kube-proxy's Service rules all
+live and die there. The first node's mount namespace is the host's: kubelet's directory, nodeplug's state and the
+CNI binaries are at their real paths, as on any node; every other node has its own.
 """
 
 from __future__ import annotations
@@ -18,47 +18,24 @@ import subprocess
 import time
 from pathlib import Path
 
+from cluster import nodes
 from cluster.common import (
     API_PORT,
     CGROUP,
     CLUSTER_CIDR,
     CNI_CONF_DIR,
-    HOST_ADDR,
-    HOST_VETH,
-    NETNS,
     NODE_ADDR,
-    NODE_VETH,
-    PREFIX,
-    RUN,
     SERVICE_CIDR,
     ClusterError,
     State,
-    in_netns,
     log,
     run,
 )  # fmt: skip
 from cluster.images import PAUSE
+from cluster.nodes import Node
 from cluster.pki import Pki
 
 FEATURES = "DynamicResourceAllocation=true"
-
-
-# ---------------------------------------------------------------- network namespace
-
-
-def make_netns(state: State) -> None:
-    run(["ip", "netns", "add", NETNS])
-    state.data["netns"] = NETNS
-    state.save()
-    run(["ip", "link", "add", HOST_VETH, "type", "veth", "peer", "name", NODE_VETH, "netns", NETNS])
-    run(["ip", "addr", "add", f"{HOST_ADDR}/{PREFIX}", "dev", HOST_VETH])
-    run(["ip", "link", "set", HOST_VETH, "up"])
-    run(["ip", "-n", NETNS, "link", "set", "lo", "up"])
-    run(["ip", "-n", NETNS, "addr", "add", f"{NODE_ADDR}/{PREFIX}", "dev", NODE_VETH])
-    run(["ip", "-n", NETNS, "link", "set", NODE_VETH, "up"])
-    # The route kubelet and the pod network take for "the node's default interface" (nothing answers beyond it).
-    run(["ip", "-n", NETNS, "route", "add", "default", "via", HOST_ADDR])
-    run(in_netns(["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
 
 
 # ---------------------------------------------------------------- cgroups
@@ -92,18 +69,24 @@ def _join_cgroup() -> None:
 # ---------------------------------------------------------------- daemons
 
 
-def start(state: State, name: str, argv: list[str | Path], env: dict[str, str] | None = None) -> int:
-    """Start ``argv`` in the cluster's network namespace and cgroup; its output goes to DIR/logs/NAME.log."""
+def start(
+    state: State, name: str, argv: list[str | Path], env: dict[str, str] | None = None, node: Node | None = None
+) -> int:
+    """Start ``argv`` in the node's namespaces (default: the control plane's) and the cluster's cgroup; its output
+    goes to DIR/logs/NAME.log."""
+    node = node or nodes.CONTROL_PLANE
     logs = state.dir / "logs"
     logs.mkdir(exist_ok=True)
     with open(logs / f"{name}.log", "ab") as out:
         p = subprocess.Popen(
-            in_netns(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            node.enter(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
             start_new_session=True, preexec_fn=_join_cgroup,
         )  # fmt: skip
     pids = state.data.setdefault("pids", {})
-    assert isinstance(pids, dict)
+    where = state.data.setdefault("where", {})
+    assert isinstance(pids, dict) and isinstance(where, dict)
     pids[name] = p.pid
+    where[name] = node.name
     state.save()
     time.sleep(0.2)
     if p.poll() is not None:
@@ -150,9 +133,11 @@ def restart(state: State, name: str, grace: float = 10) -> int:
     proc = Path(f"/proc/{pid}")
     argv: list[str | Path] = [a.decode() for a in proc.joinpath("cmdline").read_bytes().split(b"\0") if a]
     env = dict(e.decode().partition("=")[::2] for e in proc.joinpath("environ").read_bytes().split(b"\0") if e)
+    where = state.data.get("where", {})
+    node = next((n for n in nodes.from_state(state) if isinstance(where, dict) and where.get(name) == n.name), None)
     log(f"restarting {name}")
     stop(pid, grace)
-    return start(state, name, argv, env)
+    return start(state, name, argv, env, node)
 
 
 # ---------------------------------------------------------------- control plane
@@ -212,20 +197,21 @@ def start_controllers(state: State, bins: dict[str, Path], pki: Pki) -> None:
 # ---------------------------------------------------------------- containerd and kubelet
 
 
-def containerd_config(state: State, shim: Path) -> Path:
+def containerd_config(state: State, shim: Path, node: Node) -> Path:
+    rundir = node.run
     cfg = f"""version = 3
-root = "{state.dir / "containerd"}"
-state = "{RUN / "containerd"}"
-temp = "{RUN / "tmp"}"
+root = "{state.dir / node.suffix("containerd")}"
+state = "{rundir / "containerd"}"
+temp = "{rundir / "tmp"}"
 disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [grpc]
-  address = "{RUN / "containerd.sock"}"
+  address = "{rundir / "containerd.sock"}"
 [ttrpc]
-  address = "{RUN / "containerd.sock.ttrpc"}"
+  address = "{rundir / "containerd.sock.ttrpc"}"
 
 [plugins.'io.containerd.internal.v1.opt']
-  path = "{state.dir / "containerd-opt"}"
+  path = "{state.dir / node.suffix("containerd-opt")}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
@@ -244,7 +230,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
       runtime_path = "{shim}"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "/usr/sbin/runc"
-        Root = "{RUN / "runc"}"
+        Root = "{rundir / "runc"}"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
@@ -253,12 +239,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
 """
-    path = state.dir / "containerd.toml"
+    path = state.dir / f"{node.suffix('containerd')}.toml"
     path.write_text(cfg)
     return path
 
 
-def kubelet_config(state: State, pki: Pki) -> Path:
+def kubelet_config(state: State, pki: Pki, node: Node) -> Path:
     cfg = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -269,7 +255,8 @@ def kubelet_config(state: State, pki: Pki) -> Path:
         "authorization": {"mode": "AlwaysAllow"},
         "cgroupDriver": "cgroupfs",
         "failSwapOn": False,
-        "containerRuntimeEndpoint": f"unix://{RUN / 'containerd.sock'}",
+        "containerRuntimeEndpoint": f"unix://{node.run / 'containerd.sock'}",
+        "cgroupRoot": node.cgroup_root,
         "clusterDomain": "cluster.local",
         "resolvConf": "/etc/resolv.conf",
         "featureGates": {"DynamicResourceAllocation": True},
@@ -281,37 +268,40 @@ def kubelet_config(state: State, pki: Pki) -> Path:
         "serializeImagePulls": False,
         # Online volume expansion happens when kubelet next syncs the pod: every 10 s here, not every minute.
         "syncFrequency": "10s",
-        "volumePluginDir": str(state.dir / "volume-plugins"),
+        "volumePluginDir": str(state.dir / node.suffix("volume-plugins")),
         "podLogsDir": "/var/log/pods",
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
     }  # fmt: skip
-    path = state.dir / "kubelet.json"
+    path = state.dir / f"{node.suffix('kubelet')}.json"
     path.write_text(json.dumps(cfg, indent=2) + "\n")
     return path
 
 
-def start_node(state: State, bins: dict[str, Path], pki: Pki) -> None:
-    for d in (RUN / "tmp", CNI_CONF_DIR):
-        d.mkdir(parents=True, exist_ok=True)
-    cfg = containerd_config(state, bins["containerd-shim-runc-v2"])
-    start(state, "containerd", [bins["containerd"], "--config", cfg])
-    sock = RUN / "containerd.sock"
+def start_node(state: State, bins: dict[str, Path], node: Node) -> None:
+    node.run.joinpath("tmp").mkdir(parents=True, exist_ok=True)
+    conf = CNI_CONF_DIR if node.first else state.dir / "nodes" / node.name / CNI_CONF_DIR.relative_to("/")
+    conf.mkdir(parents=True, exist_ok=True)
+    cfg = containerd_config(state, bins["containerd-shim-runc-v2"], node)
+    start(state, node.suffix("containerd"), [bins["containerd"], "--config", cfg], node=node)
+    sock = node.run / "containerd.sock"
     deadline = time.monotonic() + 30
     while not sock.exists():
         if time.monotonic() > deadline:
-            raise ClusterError(f"containerd: no socket within 30 s; see {state.dir / 'logs/containerd.log'}")
+            raise ClusterError(f"containerd of {node.name}: no socket within 30 s; see {state.dir / 'logs'}")
         time.sleep(0.1)
 
 
-def import_images(bins: dict[str, Path], archives: list[Path]) -> None:
+def import_images(bins: dict[str, Path], archives: list[Path], node: Node) -> None:
     for a in archives:
-        run([bins["ctr"], "--address", RUN / "containerd.sock", "-n", "k8s.io", "images", "import", a], timeout=600)
+        run([bins["ctr"], "--address", node.run / "containerd.sock", "-n", "k8s.io", "images", "import", a],
+            timeout=600)  # fmt: skip
 
 
-def start_kubelet(state: State, bins: dict[str, Path], pki: Pki, node_name: str) -> None:
-    log(f"starting kubelet (node {node_name})")
-    start(state, "kubelet", [
-        bins["kubelet"], f"--config={kubelet_config(state, pki)}", f"--kubeconfig={pki.kubeconfig('kubelet')}",
-        f"--node-ip={NODE_ADDR}", f"--hostname-override={node_name}", "--v=2",
-    ])  # fmt: skip
+def start_kubelet(state: State, bins: dict[str, Path], pki: Pki, node: Node) -> None:
+    log(f"starting kubelet (node {node.name})")
+    kubeconfig = pki.kubeconfig(node.suffix("kubelet"))
+    start(state, node.suffix("kubelet"), [
+        bins["kubelet"], f"--config={kubelet_config(state, pki, node)}", f"--kubeconfig={kubeconfig}",
+        f"--node-ip={node.address}", f"--hostname-override={node.name}", "--v=2",
+    ], node=node)  # fmt: skip

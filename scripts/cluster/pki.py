@@ -53,7 +53,8 @@ def _sign(pki: Pki, name: str, subject: str, ext: str) -> None:
     extfile.unlink()
 
 
-def make(pki_dir: Path, node_name: str, service_ip: str) -> Pki:
+def make(pki_dir: Path, node_names: list[str], service_ip: str) -> Pki:
+    """The credentials; a kubelet identity per node (kubeconfig ``kubelet`` for the first, ``kubelet-NAME``)."""
     pki = Pki(pki_dir)
     pki_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-sha256",
@@ -71,7 +72,9 @@ def make(pki_dir: Path, node_name: str, service_ip: str) -> Pki:
     run(["openssl", "genrsa", "-out", pki.key("sa"), "2048"])
     run(["openssl", "rsa", "-in", pki.key("sa"), "-pubout", "-out", pki.dir / "sa.pub"])
 
-    identities = {**IDENTITIES, "kubelet": (f"system:node:{node_name}", ["system:nodes"])}
+    identities = dict(IDENTITIES)
+    for k, name in enumerate(node_names):
+        identities["kubelet" if k == 0 else f"kubelet-{name}"] = (f"system:node:{name}", ["system:nodes"])
     rows = []
     for name, (user, groups) in identities.items():
         token = secrets.token_hex(24)

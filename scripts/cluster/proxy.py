@@ -26,21 +26,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster import node
-from cluster.common import CLUSTER_CIDR, ClusterError, State, in_netns, run, wait_for
+from cluster import node as daemons
+from cluster.common import CLUSTER_CIDR, ClusterError, State, run, wait_for
+from cluster.nodes import Node
 from cluster.pki import Pki
 
 HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"
 
 
-def config(state: State, pki: Pki, node_name: str) -> Path:
+def config(state: State, pki: Pki, node: Node) -> Path:
     cfg = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(pki.kubeconfig("kube-proxy"))},
         "mode": "nftables",
-        "hostnameOverride": node_name,
+        "hostnameOverride": node.name,
         "clusterCIDR": CLUSTER_CIDR,  # traffic from outside it to a ClusterIP is masqueraded
         "healthzBindAddress": HEALTHZ,
         "metricsBindAddress": METRICS,
@@ -49,39 +50,40 @@ def config(state: State, pki: Pki, node_name: str) -> Path:
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",
                       "udpTimeout": "0s", "udpStreamTimeout": "0s"},
     }  # fmt: skip
-    path = state.dir / "kube-proxy.json"
+    path = state.dir / f"{node.suffix('kube-proxy')}.json"
     path.write_text(json.dumps(cfg, indent=2) + "\n")
     return path
 
 
-def bridge_netfilter() -> None:
+def bridge_netfilter(node: Node) -> None:
     """Bridged frames through the IP hooks in the node's namespace (see the module's docstring)."""
     for family in ("iptables", "ip6tables"):
-        run(in_netns(["sysctl", "-q", "-w", f"net.bridge.bridge-nf-call-{family}=1"]))
+        run(node.enter(["sysctl", "-q", "-w", f"net.bridge.bridge-nf-call-{family}=1"]))
 
 
-def wait_serving(state: State, kubectl: list[str]) -> None:
-    """Until the ``kubernetes`` Service answers at its ClusterIP from the node (what the agent's in-cluster client
-    dials first): kube-proxy has synced its rules."""
+def wait_serving(state: State, kubectl: list[str], node: Node) -> None:
+    """Until the ``kubernetes`` Service answers at its ClusterIP from ``node`` (what the agent's in-cluster client
+    dials first): that node's kube-proxy has synced its rules."""
     svc = json.loads(run([*kubectl, "-n", "default", "get", "service", "kubernetes", "-o", "json"]))
     ip = svc["spec"]["clusterIP"]
     port = next(p for p in svc["spec"]["ports"] if p["name"] == "https")["port"]
 
     def answers() -> bool:
         # Anonymous /readyz is allowed by RBAC's bootstrap policy: "ok" comes from the API server itself.
-        out = run(in_netns(["curl", "-sk", "--max-time", "2", f"https://{ip}:{port}/readyz"]), check=False)
+        out = run(node.enter(["curl", "-sk", "--max-time", "2", f"https://{ip}:{port}/readyz"]), check=False)
         return out.strip() == "ok"
 
-    wait_for(f"the kubernetes Service at {ip}:{port} through kube-proxy", answers, 60,
-             state.dir / "logs" / "kube-proxy.log")  # fmt: skip
+    wait_for(f"the kubernetes Service at {ip}:{port} through kube-proxy on {node.name}", answers, 60,
+             state.dir / "logs" / f"{node.suffix('kube-proxy')}.log")  # fmt: skip
 
 
-def start(state: State, bins: dict[str, Path], pki: Pki, node_name: str) -> None:
-    bridge_netfilter()
-    node.start(state, "kube-proxy", [bins["kube-proxy"], f"--config={config(state, pki, node_name)}", "--v=2"])
+def start(state: State, bins: dict[str, Path], pki: Pki, node: Node) -> None:
+    bridge_netfilter(node)
+    argv: list[str | Path] = [bins["kube-proxy"], f"--config={config(state, pki, node)}", "--v=2"]
+    daemons.start(state, node.suffix("kube-proxy"), argv, node=node)
 
 
-def check_mode() -> None:
+def check_mode(node: Node) -> None:
     """kube-proxy runs the mode asked: its table is there (it would fall back to another mode with a log line)."""
-    if run(in_netns(["nft", "list", "table", "ip", "kube-proxy"]), check=False).strip() == "":
+    if run(node.enter(["nft", "list", "table", "ip", "kube-proxy"]), check=False).strip() == "":
         raise ClusterError("kube-proxy: no nftables table `ip kube-proxy` in the node's namespace (another mode?)")

@@ -17,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from cluster import assets, down, e2eimages, images, node, pki, proxy
+from cluster import assets, down, e2eimages, images, node, nodes, pki, proxy
 from cluster.common import (
     CNI_CONF_DIR,
     HOST_PATHS,
@@ -114,16 +114,20 @@ def share(state: State, path: Path) -> None:
     run(["mount", "--make-rshared", path])
 
 
-def make_btrfs(state: State) -> None:
-    img = state.dir / "btrfs.img"
+def make_btrfs(state: State, n: nodes.Node) -> None:
+    """A btrfs filesystem on a loop device at the node's /var/lib/nodeplug/btrfs (its own mount namespace's)."""
+    img = state.dir / f"{n.suffix('btrfs')}.img"
     with open(img, "wb") as f:
         f.truncate(BTRFS_SIZE)
     dev = run(["losetup", "-f", "--show", img]).strip()
     state.add("loops", dev)
     run(["mkfs.btrfs", "-q", dev])
-    BTRFS.mkdir(parents=True, exist_ok=True)
-    run(["mount", dev, BTRFS])
-    state.add("mounts", str(BTRFS))
+    if n.mntns is None:
+        BTRFS.mkdir(parents=True, exist_ok=True)
+        run(["mount", dev, BTRFS])
+        state.add("mounts", str(BTRFS))
+    else:  # gone with the node's mount namespace
+        run(["nsenter", f"--mount={n.mntns}", "--", "sh", "-ec", f"mkdir -p {BTRFS} && mount {dev} {BTRFS}"])
 
 
 def apply_addons(state: State) -> None:
@@ -164,12 +168,13 @@ def deploy_nodeplug(state: State) -> None:
     log(f"kubectl apply -k {overlay} (tests/cluster/overlay: daemonset/ with local images; btrfs on)")
     run([*k, "apply", "-k", overlay], timeout=120)
     run([*k, "-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s"], timeout=200)
-    run([*k, "wait", "--for=condition=Ready", f"node/{state.data['node']}", "--timeout=120s"], timeout=150)
+    run([*k, "wait", "--for=condition=Ready", *[f"node/{n}" for n in state.list("nodes")], "--timeout=120s"],
+        timeout=150)  # fmt: skip
     run([*k, "-n", "kube-system", "rollout", "status", "deployment/snapshot-controller", "--timeout=120s"],
         timeout=150)  # fmt: skip
 
 
-def up(cluster_dir: Path) -> Path:
+def up(cluster_dir: Path, count: int = 1) -> Path:
     preflight()
     # Binaries and images first: they need no lock (podman serialises its own storage), and are ready when it comes.
     log(f"unpacking binaries from {KUBE_ASSETS}")
@@ -181,7 +186,8 @@ def up(cluster_dir: Path) -> Path:
     if (cluster_dir / "state.json").exists():
         raise ClusterError(f"{cluster_dir}/state.json exists: run scripts/cluster-down {cluster_dir} first")
     state = State(cluster_dir)
-    state.data.update({"dir": str(cluster_dir), "node": node_name(), "cni_conf_dir": str(CNI_CONF_DIR)})
+    names = [n.name for n in nodes.nodes_of(node_name(), count)]
+    state.data.update({"dir": str(cluster_dir), "node": names[0], "nodes": names, "cni_conf_dir": str(CNI_CONF_DIR)})
     state.save()
     try:
         node.make_cgroups(state)
@@ -227,9 +233,17 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     record_host_paths(state)
     RUN.mkdir(parents=True)
     state.add("created", str(RUN))
-    node.make_netns(state)
+    every = nodes.from_state(state)
+    nodes.make_underlay(state)
+    for n in [nodes.CONTROL_PLANE, *every]:
+        nodes.make_netns(state, n)
+    state.data["netns"] = every[0].netns
+    # Where each node's own view of the machine is (tests enter it to read that node's paths and routes).
+    state.data["namespaces"] = {n.name: {"net": f"/run/netns/{n.netns}", "mnt": str(n.mntns or ""),
+                                         "uts": str(n.utsns or "")} for n in every}  # fmt: skip
+    state.save()
     service_ip = SERVICE_CIDR.split("/")[0].rsplit(".", 1)[0] + ".1"
-    keys = pki.make(state.dir / "pki", str(state.data["node"]), service_ip)
+    keys = pki.make(state.dir / "pki", [n.name for n in every], service_ip)
     shutil.copy(keys.kubeconfig("admin"), state.dir / "kubeconfig")
 
     log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler")
@@ -240,24 +254,35 @@ def _up(state: State, bins: dict[str, Path], archives: list[Path]) -> Path:
     node.start_controllers(state, bins, keys)
     wait_for("the kubernetes Service's endpoints", lambda: _has_endpoints(k), 60)
 
-    log("starting containerd; importing images")
-    node.start_node(state, bins, keys)
-    node.import_images(bins, archives)
     share(state, Path("/var/lib/nodeplug"))
-    make_btrfs(state)
-    node.start_kubelet(state, bins, keys, str(state.data["node"]))
-    wait_for(f"node {state.data['node']} registered", lambda: bool(run([*k, "get", "node", "-o", "name"]).strip()),
-             90, state.dir / "logs" / "kubelet.log")  # fmt: skip
-    log("starting kube-proxy (nftables mode)")
-    proxy.start(state, bins, keys, str(state.data["node"]))
-    proxy.wait_serving(state, k)
-    proxy.check_mode()
+    for n in every:
+        log(f"node {n.name}: starting containerd; importing images")
+        if not n.first:
+            nodes.make_mount_ns(state, n)
+            nodes.make_uts_ns(state, n)
+            nodes.make_cgroup_root(state, n)
+        node.start_node(state, bins, n)
+        node.import_images(bins, archives, n)
+        make_btrfs(state, n)
+        node.start_kubelet(state, bins, keys, n)
+    wait_for(f"nodes {', '.join(state.list('nodes'))} registered", lambda: _registered(k) == set(state.list("nodes")),
+             90, state.dir / "logs")  # fmt: skip
+    for n in every:
+        log(f"node {n.name}: starting kube-proxy (nftables mode)")
+        proxy.start(state, bins, keys, n)
+    for n in every:
+        proxy.wait_serving(state, k, n)
+        proxy.check_mode(n)
 
     apply_addons(state)
     deploy_nodeplug(state)
     state.data["ready"] = True
     state.save()
     return state.dir / "kubeconfig"
+
+
+def _registered(k: list[str]) -> set[str]:
+    return {n.removeprefix("node/") for n in run([*k, "get", "nodes", "-o", "name"]).split()}
 
 
 def _has_endpoints(k: list[str]) -> bool:

@@ -93,7 +93,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = time.monotonic()
     # Another cluster on the machine (only one kubelet per machine): wait for it rather than fail.
     env = {**os.environ, "NODEPLUG_CLUSTER_LOCK_WAIT": os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "1800")}
-    p = subprocess.run([str(CLUSTER_UP), str(d)], capture_output=True, text=True, timeout=3600, check=False, env=env)
+    nodes = os.environ.get("NODEPLUG_TEST_NODES", "1")  # the same tier on N nodes
+    p = subprocess.run([str(CLUSTER_UP), str(d), "--nodes", nodes], capture_output=True, text=True, timeout=3600,
+                       check=False, env=env)  # fmt: skip
     try:
         if p.returncode != 0:
             pytest.fail(f"scripts/cluster-up failed ({p.returncode}):\n{p.stderr[-4000:]}\nlogs: {d / 'logs'}")
@@ -107,7 +109,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         # cgroups (removable only once no process is left in them) and the node's directories. Their names are the
         # same for every cluster: once another cluster waiting for the machine's lock has taken it, they are its.
         left = [str(p) for p in (*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob(
-            "*/nodeplug-cluster"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
+            "*/nodeplug-cluster*"), Path("/var/lib/kubelet"), Path("/run/nodeplug-cluster")) if p.exists()]  # fmt: skip
         if left and (holder := lock_holder()) and not holder.startswith(f"{d} "):
             print(f"\n{left} now belong to the next cluster ({holder}): not checked")
         else:

@@ -16,7 +16,7 @@ def test_apply_and_rollout_status(cluster: Cluster) -> None:
     assert "daemonset.apps/nodeplug" in out
     cluster.rollout()
     ds = cluster.get("-n", "nodeplug-system", "daemonset", "nodeplug")
-    assert ds["status"]["numberReady"] == ds["status"]["desiredNumberScheduled"] == 1
+    assert ds["status"]["numberReady"] == ds["status"]["desiredNumberScheduled"] == len(cluster.nodes)  # one per node
     pod = cluster.get("-n", "nodeplug-system", "pod", cluster.agent_pod())
     statuses = {c["name"]: c for c in pod["status"]["containerStatuses"]}
     assert set(statuses) == {"agent", "csi-provisioner", "csi-resizer", "csi-snapshotter"}

@@ -3,10 +3,11 @@ kubeconfig, waiting on objects, busybox pods. The tier's fixtures (tests/cluster
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,11 @@ class Cluster:
         self.kubeconfig = kubeconfig
         state = json.loads((cluster_dir / "state.json").read_text())
         self.kubectl_bin = state["kubectl"]
-        self.node = state["node"]
+        self.node = state["node"]  # the first node: its paths are the machine's own (scripts/cluster/nodes.py)
+        self.nodes: list[str] = state.get("nodes", [self.node])
         self.cni_conf_dir = Path(state["cni_conf_dir"])
         self.netns = state["netns"]
+        self.namespaces: dict[str, dict[str, str]] = state.get("namespaces", {})
         self.crictl = state["crictl"]
         self.containerd_socket = state["containerd_socket"]
         self.overlay = Path(state["overlay"])  # tests/cluster/overlay with the node's agent config
@@ -65,10 +68,29 @@ class Cluster:
     def exec(self, ns: str, pod: str, *cmd: str, timeout: float = 60) -> str:
         return self.kubectl("-n", ns, "exec", pod, "--", *cmd, timeout=timeout)
 
-    def agent_pod(self) -> str:
+    def on_node(self, node: str, *argv: str, timeout: float = 60) -> str:
+        """``argv`` run as a command on ``node``'s host: in its network namespace and, for nodes after the first,
+        its mount and UTS namespaces (scripts/cluster/nodes.py); its output."""
+        where = self.namespaces[node]
+        own = [f"--mount={where['mnt']}", f"--uts={where['uts']}"] if where["mnt"] else []
+        enter = ["nsenter", f"--net={where['net']}", *own, "--"]
+        p = subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+        if p.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} on {node} failed ({p.returncode}): {p.stderr.strip()}")
+        return p.stdout
+
+    def cluster_routes(self, node: str) -> dict[str, dict[str, Any]]:
+        """The routes the agent keeps on ``node`` (its route protocol, ``cni.cluster.route_protocol``'s default 110),
+        by destination, as ``ip -j route`` gives them."""
+        out = self.on_node(node, "ip", "-j", "route", "show", "proto", "110")
+        return {r["dst"]: r for r in json.loads(out or "[]")}
+
+    def agent_pod(self, node: str = "") -> str:
+        """The running agent pod of ``node`` (default: the first node)."""
         pods = self.get("-n", "nodeplug-system", "pods", "-l", "app.kubernetes.io/name=nodeplug")["items"]
         running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"
-                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+                   and not p["metadata"].get("deletionTimestamp")
+                   and p["spec"].get("nodeName") == (node or self.node)]  # fmt: skip
         assert len(running) == 1, f"expected one running agent pod, got {[p['metadata']['name'] for p in pods]}"
         return running[0]
 
@@ -84,12 +106,38 @@ class Cluster:
         path = f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy/metrics"
         return self.kubectl("get", "--raw", path)
 
-    def rollout(self) -> None:
-        self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", "--timeout=180s", timeout=200)
+    @contextlib.contextmanager
+    def agent_config(self, edit: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+        """The agent's config (its ConfigMap's ``agent.yaml``) changed by ``edit`` and the DaemonSet rolled onto it,
+        as an operator changes it; the config before put back and rolled out again afterwards."""
+        ds = self.get("-n", "nodeplug-system", "daemonset", "nodeplug")
+        (name,) = [v["configMap"]["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+        cm = self.get("-n", "nodeplug-system", "configmap", name)
+        original = cm["data"]["agent.yaml"]
+        cfg = yaml.safe_load(original)
+        edit(cfg)
 
-    @staticmethod
-    def pod(name: str, *command: str, **spec: Any) -> dict[str, Any]:
-        """A busybox pod running ``command`` (default: sleep until deleted); ``resources``, ``volumeMounts`` and
+        def put(text: str) -> None:
+            obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "nodeplug-system"},
+                   "data": {**cm["data"], "agent.yaml": text}}  # fmt: skip
+            self.kubectl("replace", "-f", "-", input=json.dumps(obj))
+            self.kubectl("-n", "nodeplug-system", "rollout", "restart", "daemonset/nodeplug")
+            self.rollout()
+
+        put(yaml.safe_dump(cfg, sort_keys=False))
+        try:
+            yield
+        finally:
+            put(original)
+
+    def rollout(self) -> None:
+        bound = 180 + 120 * (len(self.nodes) - 1)  # the DaemonSet replaces its pods node by node
+        self.kubectl("-n", "nodeplug-system", "rollout", "status", "daemonset/nodeplug", f"--timeout={bound}s",
+                     timeout=bound + 20)  # fmt: skip
+
+    def pod(self, name: str, *command: str, **spec: Any) -> dict[str, Any]:
+        """A busybox pod running ``command`` (default: sleep until deleted) on the first node (whose paths the tests
+        read; ``nodeSelector`` in ``spec`` places it elsewhere); ``resources``, ``volumeMounts`` and
         ``securityContext`` go to its container, the rest of ``spec`` to the pod."""
         container: dict[str, Any] = {
             "name": "app",
@@ -104,5 +152,10 @@ class Cluster:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name},
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec},
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": 2,
+                "nodeSelector": {"kubernetes.io/hostname": self.node},
+                **spec,
+            },
         }
