@@ -71,7 +71,7 @@ def _get(url: str) -> str:
 def all_checks(cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
     checks = node_checks(cfg, ctx)
     for spec in PLUGINS:
-        if not spec.enabled(cfg):
+        if not spec.enabled(cfg) or spec.needs_off(cfg):  # what the agent would not run is not checked
             continue
         checks.extend(spec.doctor_checks(cfg, ctx))
     return checks

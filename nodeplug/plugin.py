@@ -135,6 +135,8 @@ class Spec(Protocol):
 
     def wanted(self, cfg: AgentConfig, ctx: AgentContext) -> bool: ...
 
+    def needs_off(self, cfg: AgentConfig) -> list[str]: ...
+
     def disabled_reason(self, cfg: AgentConfig, ctx: AgentContext) -> str: ...
 
     async def start(self, cfg: AgentConfig, ctx: AgentContext) -> Started: ...
@@ -161,13 +163,17 @@ class PluginSpec(Generic[S]):
         """Enabled, and able to run here (a plugin that follows the API runs only when the agent does)."""
         return not self.disabled_reason(cfg, ctx)
 
+    def needs_off(self, cfg: AgentConfig) -> list[str]:
+        """The sections this plugin needs that the config turns off."""
+        needed: list[Section] = [getattr(cfg, n) for n in self.needs]
+        return [n for n, section in zip(self.needs, needed, strict=True) if not section.enabled]
+
     def disabled_reason(self, cfg: AgentConfig, ctx: AgentContext) -> str:
         if not self.of(cfg).enabled:
             return f"{self.name}.enabled is false"
         if self.needs_kube and ctx.kube is None:
             return "no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node"
-        needed: list[Section] = [getattr(cfg, n) for n in self.needs]
-        off = [n for n, section in zip(self.needs, needed, strict=True) if not section.enabled]
+        off = self.needs_off(cfg)
         if off:
             return f"it needs {', '.join(off)}, which the config turns off ({', '.join(n + '.enabled' for n in off)})"
         return ""
