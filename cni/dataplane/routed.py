@@ -52,7 +52,7 @@ from cni.dataplane.nl import (
     proxies,
     routes,
 )
-from cni.errors import DATAPLANE, CniError
+from cni.errors import DATAPLANE, CniError, quietly
 from cni.types import IPConfig, Route
 
 
@@ -125,16 +125,17 @@ def answer_on_bridge(nl: Rtnl, bridge: str, ips: Sequence[IPConfig]) -> list[Any
         return []
     if any(ip.version == 4 for ip in ips):
         sysctl.ensure(sysctl.conf_key(4, bridge, "proxy_arp"), "1")
-    added = []
-    for ip in ips:
-        if ip.version != 6:
-            continue
+    v6 = [ip.address.ip for ip in ips if ip.version == 6]
+    if v6:
         sysctl.ensure(sysctl.conf_key(6, bridge, "proxy_ndp"), "1")
+    added: list[Any] = []
+    for a in v6:
         try:
-            add_proxy(nl, index, ip.address.ip)
+            add_proxy(nl, index, a)
         except NetlinkError as e:
-            raise nl_error(f"answer for {ip.address.ip} on bridge {bridge} (proxy NDP)", e) from None
-        added.append(ip.address.ip)
+            quietly(forget_on_bridge, nl, bridge, added)  # the caller's undo only knows of a complete answer
+            raise nl_error(f"answer for {a} on bridge {bridge} (proxy NDP)", e) from None
+        added.append(a)
     return added
 
 
