@@ -23,11 +23,18 @@ from cni.dataplane.netns import open_netns
 from cni.dataplane.nl import AF_INET, AF_INET6, RT_TABLE_MAIN, Rtnl, addresses, get_link, host_socket, routes, socket_in
 from cni.errors import DATAPLANE, INVALID_NETWORK_CONFIG, UNKNOWN_CONTAINER, CniError
 from cni.netconf import BridgeConf
-from cni.types import IPConfig, Result, Route
+from cni.types import Result, Route
 
 
 def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Result) -> None:
     """Raise CniError naming the first mismatch between the kernel and ``prev``."""
+    pod_index = None  # prevResult is read before the kernel is asked anything about it
+    for i, iface in enumerate(prev.interfaces):
+        if iface.name == ifname and iface.sandbox:
+            pod_index = i
+    if pod_index is None:
+        raise CniError(INVALID_NETWORK_CONFIG, details=f"prevResult.interfaces: no interface {ifname} with a sandbox")
+    pod_ips = [ip for ip in prev.ips if ip.interface is None or ip.interface == pod_index]
     host_name = names.host_veth_name(container_id, ifname)
     with host_socket() as nl:
         hv = get_link(nl, host_name)
@@ -39,7 +46,7 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
         host_mac = str(hv.get("IFLA_ADDRESS") or "")
         made_routed = False
         if not hv.get("IFLA_MASTER"):
-            unrouted = routed.check_host(nl, host_name, int(hv["index"]), _pod_ips(prev, ifname))
+            unrouted = routed.check_host(nl, host_name, int(hv["index"]), pod_ips)
             made_routed = conf.routed or not unrouted
             if conf.routed and unrouted:
                 raise _mismatch(unrouted)
@@ -49,12 +56,6 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
                 raise _mismatch(f"bridge {conf.bridge} is missing")
             if hv.get("IFLA_MASTER") != br["index"]:
                 raise _mismatch(f"host interface {host_name} is not a port of bridge {conf.bridge}")
-    pod_index = None
-    for i, iface in enumerate(prev.interfaces):
-        if iface.name == ifname and iface.sandbox:
-            pod_index = i
-    if pod_index is None:
-        raise CniError(INVALID_NETWORK_CONFIG, details=f"prevResult.interfaces: no interface {ifname} with a sandbox")
     want = prev.interfaces[pod_index]
     if want.sandbox != netns:
         raise _mismatch(f"interface {ifname}: prevResult puts it in {want.sandbox}, not in {netns}")
@@ -71,7 +72,6 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
             if conf.mtu and mtu != conf.mtu:
                 raise _mismatch(f"interface {ifname}: MTU is {mtu}, the network config says {conf.mtu}")
             have = set(addresses(nsr, int(link["index"])))
-            pod_ips = _pod_ips(prev, ifname)
             for ip in pod_ips:
                 if ip.address not in have:
                     raise _mismatch(f"interface {ifname}: address {ip.address} is missing")
@@ -89,17 +89,10 @@ def check(conf: BridgeConf, container_id: str, netns: str, ifname: str, prev: Re
     finally:
         os.close(nsfd)
     if conf.ip_masq:
-        pod_ips = _pod_ips(prev, ifname)
         sources = masq.sources(conf.name, host_name)
         for ip in pod_ips:
             if str(ip.address.ip) not in sources:
                 raise _mismatch(f"ipMasq: no masquerade rule for {ip.address.ip} (host interface {host_name})")
-
-
-def _pod_ips(prev: Result, ifname: str) -> list[IPConfig]:
-    """The addresses prevResult gives the pod's interface (those naming no interface too)."""
-    index = max((i for i, iface in enumerate(prev.interfaces) if iface.name == ifname and iface.sandbox), default=-1)
-    return [ip for ip in prev.ips if ip.interface is None or ip.interface == index]
 
 
 def _mismatch(what: str) -> CniError:

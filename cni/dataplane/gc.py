@@ -27,7 +27,7 @@ def gc(conf: BridgeConf, valid: Collection[tuple[str, str]]) -> None:
             alias = msg.get("IFLA_IFALIAS") or ""
             if alias.startswith(prefix) and name not in keep:
                 delete_host_end(nl, name)
-        routed.forget_on_bridge(nl, conf.bridge, routed.stale_on_bridge(nl, conf.bridge))
+        routed.forget_stale_on_bridge(nl, conf.bridge)
     key = names.netkey(conf.name)
 
     def stale(comment: str) -> bool:

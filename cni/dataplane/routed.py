@@ -52,7 +52,7 @@ from cni.dataplane.nl import (
     proxies,
     routes,
 )
-from cni.errors import DATAPLANE, CniError
+from cni.errors import DATAPLANE, CniError, quietly
 from cni.types import IPConfig, Route
 
 
@@ -125,16 +125,17 @@ def answer_on_bridge(nl: Rtnl, bridge: str, ips: Sequence[IPConfig]) -> list[Any
         return []
     if any(ip.version == 4 for ip in ips):
         sysctl.ensure(sysctl.conf_key(4, bridge, "proxy_arp"), "1")
-    added = []
-    for ip in ips:
-        if ip.version != 6:
-            continue
+    v6 = [ip.address.ip for ip in ips if ip.version == 6]
+    if v6:
         sysctl.ensure(sysctl.conf_key(6, bridge, "proxy_ndp"), "1")
+    added: list[Any] = []
+    for a in v6:
         try:
-            add_proxy(nl, index, ip.address.ip)
+            add_proxy(nl, index, a)
         except NetlinkError as e:
-            raise nl_error(f"answer for {ip.address.ip} on bridge {bridge} (proxy NDP)", e) from None
-        added.append(ip.address.ip)
+            quietly(forget_on_bridge, nl, bridge, added)  # the caller's undo only knows of a complete answer
+            raise nl_error(f"answer for {a} on bridge {bridge} (proxy NDP)", e) from None
+        added.append(a)
     return added
 
 
@@ -142,23 +143,26 @@ def forget_on_bridge(nl: Rtnl, bridge: str, addresses: Sequence[Any]) -> None:
     """DEL and undo: the bridge no longer answers for ``addresses`` (IPv6; IPv4's proxy ARP follows the routes)."""
     v6 = [a for a in addresses if a.version == 6]
     index = _bridge_of(nl, bridge) if v6 else None
-    if index is None:
-        return
-    for a in v6:
-        try:
-            del_proxy(nl, index, a)
-        except NetlinkError as e:
-            raise nl_error(f"stop answering for {a} on bridge {bridge}", e) from None
+    if index is not None:
+        _forget(nl, bridge, index, v6)
 
 
-def stale_on_bridge(nl: Rtnl, bridge: str) -> list[Any]:
-    """GC: the bridge's proxy entries for addresses the node no longer routes to a host veth."""
+def forget_stale_on_bridge(nl: Rtnl, bridge: str) -> None:
+    """GC: the bridge's proxy entries for addresses the node no longer routes to a host veth go."""
     index = _bridge_of(nl, bridge)
     if index is None:
-        return []
+        return
     routed = {
         ipaddress.ip_address(str(msg.get("RTA_DST")))
         for msg in routes(nl, AF_INET6)
         if msg["dst_len"] == 128 and msg.get("RTA_DST") and msg.get("RTA_OIF") != index
     }
-    return [a for a in proxies(nl, index) if a not in routed]
+    _forget(nl, bridge, index, [a for a in proxies(nl, index) if a not in routed])
+
+
+def _forget(nl: Rtnl, bridge: str, index: int, v6: Sequence[Any]) -> None:
+    for a in v6:
+        try:
+            del_proxy(nl, index, a)
+        except NetlinkError as e:
+            raise nl_error(f"stop answering for {a} on bridge {bridge}", e) from None

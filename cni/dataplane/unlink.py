@@ -11,8 +11,9 @@ arrives on a socket subscribed to link events beforehand (or when the request it
 finishes the rest whatever happens to this process: a ``kill -9`` arriving in between only ends the process once the
 system call it is in has returned, and the pair is already unregistered by then. So a DEL answered early keeps the
 contract: the address is out of use (its lease is released after this returns), the names are free for the next ADD
-of the same container, and nothing is left behind. The thread is not a daemon: an exiting process (the standalone
-entry point) waits for it, as it would have waited for the request.
+of the same container, and nothing is left behind. The thread is not a daemon, so a process that exits normally
+waits for it; the standalone entry point ends with ``os._exit`` (:mod:`cni.entry`), which does not wait: the thread
+ends once its system call returns, the kernel completing the deletion either way.
 """
 
 from __future__ import annotations

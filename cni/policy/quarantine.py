@@ -49,17 +49,18 @@ class QuarantineError(Exception):
     pass
 
 
-def _by_family(ips: Iterable[str]) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {4: [], 6: []}
+def _by_family(ips: Iterable[str]) -> dict[int, list[ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """``ips`` (addresses, with or without a prefix) by IP version."""
+    out: dict[int, list[ipaddress.IPv4Address | ipaddress.IPv6Address]] = {4: [], 6: []}
     for text in ips:
         a = ipaddress.ip_address(text.split("/")[0])
-        out[a.version].append(str(a))
+        out[a.version].append(a)
     return out
 
 
 def script(verb: str, ips: Iterable[str]) -> str:
     """``add`` or ``delete`` element lines for ``ips`` (for a transaction of the caller's)."""
-    return "".join(f"{verb} element inet {TABLE} q{v} {{ {', '.join(sorted(set(a)))} }}\n"
+    return "".join(f"{verb} element inet {TABLE} q{v} {{ {', '.join(sorted(set(map(str, a))))} }}\n"
                    for v, a in _by_family(ips).items() if a)  # fmt: skip
 
 
@@ -69,16 +70,16 @@ _ABSENT = frozenset({errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT})  # 
 def hold(ips: Iterable[str]) -> bool:
     """Quarantine ``ips`` (in one transaction); False when this node has no quarantine (no policy enforcement).
     :class:`QuarantineError` for any other refusal, or no answer in time: the caller's command fails (closed)."""
-    addresses = [ipaddress.ip_address(text.split("/")[0]) for text in ips]
-    if not addresses:
+    by_family = _by_family(ips)
+    if not any(by_family.values()):
         return True
-    sets = {f"q{v}": [a.packed for a in addresses if a.version == v] for v in (4, 6)}
+    sets = {f"q{v}": [a.packed for a in addresses] for v, addresses in by_family.items()}
     try:
         nfsets.add_elements(TABLE, sets, timeout=NFT_TIMEOUT)
     except nfsets.NfError as e:
         if e.code in _ABSENT:
             return False
-        raise QuarantineError(f"quarantine {', '.join(map(str, addresses))}: {e}") from None
+        raise QuarantineError(f"quarantine {', '.join(str(a) for v in by_family.values() for a in v)}: {e}") from None
     return True
 
 
