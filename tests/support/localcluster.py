@@ -113,8 +113,14 @@ class Cluster:
 
     def metrics(self) -> str:
         """The agent's /metrics, through the API server's proxy to its pod (as a scraper in the cluster reads it)."""
-        path = f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy/metrics"
-        return self.kubectl("get", "--raw", path)
+        return self.agent_http("/metrics")
+
+    def agent_http(self, path: str) -> str:
+        """``path`` of the first node's agent's HTTP server (``/metrics``, ``/readyz``), through the API server's proxy
+        to its pod."""
+        return self.kubectl(
+            "get", "--raw", f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy{path}"
+        )
 
     @contextlib.contextmanager
     def agent_config(self, edit: Callable[[dict[str, Any]], None]) -> Iterator[None]:
