@@ -17,7 +17,6 @@ process and namespace, also after a failure.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import ipaddress
 import os
 import secrets
@@ -89,19 +88,7 @@ class Node:
         self.proc = None
 
     def http(self, path: str) -> tuple[int, str]:
-        def go() -> tuple[int, str]:
-            conn = http.client.HTTPConnection("127.0.0.1", 9450, timeout=5)
-            try:
-                conn.request("GET", path)
-                r = conn.getresponse()
-                return r.status, r.read().decode()
-            finally:
-                conn.close()
-
-        try:
-            return self.ns.call(go)  # type: ignore[no-any-return]
-        except OSError as e:
-            return 0, str(e)
+        return self.ns.http_get(9450, path)
 
     def wait_ready(self, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout

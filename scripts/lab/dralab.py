@@ -7,12 +7,10 @@ of the agent's service account bound to the Node (so RBAC and the admission poli
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from typing import Any
 import yaml
 
 from lab.controlplane import CP_ADDR, Api, ControlPlane
-from lab.host import REPO
+from lab.host import REPO, answers
 from lab.netns import Netns
 from lab.wait import wait_for
 
@@ -133,20 +131,7 @@ class Agent:
     def http(self, path: str) -> tuple[int, str]:
         """GET ``path`` from the agent's health server (in the cluster's namespace); (0, error) when it does not
         answer."""
-
-        def go() -> tuple[int, str]:
-            conn = http.client.HTTPConnection("127.0.0.1", HTTP_PORT, timeout=5)
-            try:
-                conn.request("GET", path)
-                r = conn.getresponse()
-                return r.status, r.read().decode()
-            finally:
-                conn.close()
-
-        try:
-            return self.cluster.ns.call(go)  # type: ignore[no-any-return]
-        except OSError as e:
-            return 0, str(e)
+        return self.cluster.ns.http_get(HTTP_PORT, path)
 
     def mknod(self, name: str) -> None:
         os.mknod(self.host / "dev" / name, stat.S_IFCHR | 0o600, os.makedev(1, 3))
@@ -156,7 +141,7 @@ class Agent:
                 "--kubeconfig", str(self.cluster.kubeconfig), "--node-name", NODE]  # fmt: skip
         self.proc = self.cluster.ns.popen(argv, self.log)
         reg = self.root / f"var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
-        wait_for("DRA sockets", lambda: (_answers(self.dra_socket) and _answers(reg)) or self._dead(), timeout=30)
+        wait_for("DRA sockets", lambda: (answers(self.dra_socket) and answers(reg)) or self._dead(), timeout=30)
 
     def _dead(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
@@ -208,16 +193,6 @@ def running_agent(cluster: Cluster) -> Iterator[Agent]:
     finally:
         a.kill()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _answers(path: Path) -> bool:
-    """Something accepts connections on the unix socket (a socket left by a killed agent refuses them)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 def make_claim(cluster: Cluster, name: str, device: str | list[str]) -> str:

@@ -28,3 +28,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def answers(path: Path) -> bool:
+    """Something accepts connections on the unix socket ``path`` (a socket a killed process left refuses them)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True

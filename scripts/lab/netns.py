@@ -4,6 +4,7 @@ in): the nodes, switch and router of :mod:`lab.clusterlab`, the control plane of
 from __future__ import annotations
 
 import ctypes
+import http.client
 import os
 import subprocess
 from collections.abc import Callable
@@ -49,6 +50,23 @@ class Netns:
 
             self._pool = ThreadPoolExecutor(1, initializer=enter)
         return self._pool.submit(fn, *args).result()
+
+    def http_get(self, port: int, path: str) -> tuple[int, str]:
+        """GET ``path`` from 127.0.0.1:``port`` in this netns: (status, body), or (0, error) when nothing answers."""
+
+        def go() -> tuple[int, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", path)
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                conn.close()
+
+        try:
+            return self.call(go)  # type: ignore[no-any-return]
+        except OSError as e:
+            return 0, str(e)
 
     def sysctl(self, key: str, value: str) -> None:
         self.exec("sysctl", "-qw", f"{key}={value}")

@@ -49,9 +49,7 @@ def allocatable_fuse(cluster: Cluster) -> str:
 
 
 def readyz(cluster: Cluster) -> str:
-    return cluster.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/nodeplug-system/pods/{cluster.agent_pod()}:9450/proxy/readyz"
-    )
+    return cluster.agent_http("/readyz")
 
 
 def test_fuse_claims_beside_device_plugin_pods(cluster: Cluster, ns: str) -> None:

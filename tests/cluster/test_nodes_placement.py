@@ -64,16 +64,22 @@ def test_a_wait_for_first_consumer_claim_lands_on_its_pods_node(
         assert cluster.get("-n", ns, "pod", pod)["spec"]["nodeName"] == node
         pvc = cluster.get("-n", ns, "pvc", pod)
         assert pvc["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
-        pv = cluster.get("pv", pvc["spec"]["volumeName"])
-        (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
-        assert term["matchExpressions"] == [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}], term
-        volume_id = pv["spec"]["csi"]["volumeHandle"]
-        assert backing_on(cluster, node, volume_id), f"{volume_id} not in {node}'s /var/lib/nodeplug"
-        elsewhere = {other: backing_on(cluster, other, volume_id) for other in nodes if other != node}
-        assert not any(elsewhere.values()), f"{volume_id} of {node} also on {elsewhere}"
+        only_on(cluster, nodes, node, pvc["spec"]["volumeName"])
         assert cluster.exec(ns, pod, "cat", "/data/node").strip() == node
     cluster.kubectl("-n", ns, "delete", "pod", *pods.values(), "--wait=true", timeout=180)
     cluster.kubectl("-n", ns, "delete", "pvc", *pods.values(), "--wait=true", timeout=180)
+
+
+def only_on(cluster: Cluster, nodes: list[str], node: str, pv_name: str, what: str = "") -> None:
+    """PersistentVolume ``pv_name`` is pinned to ``node`` (its node affinity) and its backing is in that node's
+    /var/lib/nodeplug and no other node's (``what`` prefixes the messages)."""
+    pv = cluster.get("pv", pv_name)
+    (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}], term
+    volume_id = pv["spec"]["csi"]["volumeHandle"]
+    assert backing_on(cluster, node, volume_id), f"{what}{volume_id} not in {node}'s /var/lib/nodeplug"
+    elsewhere = {other: backing_on(cluster, other, volume_id) for other in nodes if other != node}
+    assert not any(elsewhere.values()), f"{what}{volume_id} of {node} also on {elsewhere}"
 
 
 def fuse_pools(cluster: Cluster) -> dict[str, tuple[str, int]]:
@@ -150,14 +156,8 @@ def test_a_snapshot_and_a_clone_stay_on_their_node(
     cluster.apply(ns, source, writer)
     cluster.wait_running(ns, "writer", timeout=180)
     cluster.exec(ns, "writer", "sh", "-c", f"echo from-{node} > /data/f && sync")
-    spec = {"volumeSnapshotClassName": "nodeplug-snapshot", "source": {"persistentVolumeClaimName": "data"}}
-    snap = {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
-            "spec": spec}  # fmt: skip
-    cluster.apply(ns, snap)
-    cluster.wait("VolumeSnapshot readyToUse", lambda: cluster.get("-n", ns, "volumesnapshot", "snap")
-                 .get("status", {}).get("readyToUse") is True, 120)  # fmt: skip
-    content = cluster.get("volumesnapshotcontent", cluster.get("-n", ns, "volumesnapshot", "snap")["status"]
-                          ["boundVolumeSnapshotContentName"])  # fmt: skip
+    snap = cluster.volume_snapshot(ns, "snap", "data")
+    content = cluster.get("volumesnapshotcontent", snap["status"]["boundVolumeSnapshotContentName"])
     snapshot_id = content["status"]["snapshotHandle"]
     assert snapshots_on(cluster, node, snapshot_id), f"snapshot {snapshot_id} not in {node}'s /var/lib/nodeplug"
     elsewhere = {other: snapshots_on(cluster, other, snapshot_id) for other in nodes if other != node}
@@ -172,13 +172,7 @@ def test_a_snapshot_and_a_clone_stay_on_their_node(
     )
     cluster.wait_running(ns, "restored", "clone", timeout=180)
     for name in ("restored", "clone"):
-        pv = cluster.get("pv", cluster.get("-n", ns, "pvc", name)["spec"]["volumeName"])
-        (term,) = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
-        assert term["matchExpressions"] == [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}], term
-        volume_id = pv["spec"]["csi"]["volumeHandle"]
-        assert backing_on(cluster, node, volume_id), f"{name} {volume_id} not in {node}'s /var/lib/nodeplug"
-        elsewhere = {other: backing_on(cluster, other, volume_id) for other in nodes if other != node}
-        assert not any(elsewhere.values()), f"{name} {volume_id} of {node} also on {elsewhere}"
+        only_on(cluster, nodes, node, cluster.get("-n", ns, "pvc", name)["spec"]["volumeName"], f"{name} ")
         assert cluster.exec(ns, name, "cat", "/data/f").strip() == f"from-{node}"
     cluster.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", timeout=180)
     cluster.kubectl("-n", ns, "delete", "volumesnapshot", "snap", "--wait=true", timeout=180)

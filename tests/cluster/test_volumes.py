@@ -70,12 +70,7 @@ def test_provision_write_snapshot_restore_delete(cluster: Cluster, ns: str, stor
     assert backing(volume_id), f"no loop file or subvolume for {volume_id} under {STATE}"
     cluster.exec(ns, "writer", "sh", "-c", "echo written-in-the-pod > /data/hello && sync")
 
-    spec = {"volumeSnapshotClassName": "nodeplug-snapshot", "source": {"persistentVolumeClaimName": "data"}}
-    snap = {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
-            "spec": spec}  # fmt: skip
-    cluster.apply(ns, snap)
-    cluster.wait("VolumeSnapshot readyToUse", lambda: cluster.get("-n", ns, "volumesnapshot", "snap")
-                 .get("status", {}).get("readyToUse") is True, 120)  # fmt: skip
+    cluster.volume_snapshot(ns, "snap", "data")
     source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}
     cluster.apply(ns, claim("restored", storage_class, "64Mi", source),
                   cluster.pod("reader", volumeMounts=[MOUNT], volumes=volume("restored")))  # fmt: skip

@@ -15,7 +15,6 @@ import asyncio
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ import pytest
 from csi.config import Config
 from nodeplug.api.csi.v1 import csi_pb2
 
+from lab.host import answers
 from support.agent import AgentProcess
 from support.csidriver import DRIVER, Driver, MiB, cap, cleanup_under
 from support.wait import wait_for
@@ -42,16 +42,6 @@ def has_cap_sys_resource() -> bool:
         if line.startswith("CapEff:"):
             return bool(int(line.split()[1], 16) >> 24 & 1)
     return False
-
-
-def answers(sock: Path) -> bool:
-    """Something accepts connections on the unix socket (one a killed agent left refuses them)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        try:
-            s.connect(str(sock))
-        except OSError:
-            return False
-    return True
 
 
 class Node:

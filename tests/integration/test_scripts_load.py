@@ -29,4 +29,4 @@ def test_the_script_loads_and_prints_its_usage(name: str) -> None:
     out = subprocess.run([sys.executable, str(REPO / "scripts" / name), "--help"], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith(("usage:", f"usage: {name}", "usage: scripts/")), out.stdout[:300]
+    assert out.stdout.startswith((f"usage: {name} ", f"usage: scripts/{name} ")), out.stdout[:300]

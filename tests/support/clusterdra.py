@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from support.localcluster import Cluster
 
@@ -32,32 +31,20 @@ CDI_DIR = Path("/var/run/cdi")
 
 @pytest.fixture(scope="module")
 def dratest_resource(cluster: Cluster) -> Iterator[None]:
-    ds = cluster.get("-n", "nodeplug-system", "daemonset", "nodeplug")
-    (cm_name,) = [v["configMap"]["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
-    cm = cluster.get("-n", "nodeplug-system", "configmap", cm_name)
-    original = cm["data"]["agent.yaml"]
-    cfg = yaml.safe_load(original)
-    dp = cfg.setdefault("deviceplugin", {})
-    assert dp.get("dra", {}).get("enabled", "auto") == "auto", "the shipped config leaves DRA to auto"
-    dp.setdefault("resources", []).append({"name": "dratest", "devices": ["/dev/nodeplug-dra-*"], "offer": "dra"})
+    def edit(cfg: dict[str, Any]) -> None:
+        dp = cfg.setdefault("deviceplugin", {})
+        assert dp.get("dra", {}).get("enabled", "auto") == "auto", "the shipped config leaves DRA to auto"
+        dp.setdefault("resources", []).append({"name": "dratest", "devices": ["/dev/nodeplug-dra-*"], "offer": "dra"})
 
-    def put(text: str) -> None:
-        obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, "namespace": "nodeplug-system"},
-               "data": {**cm["data"], "agent.yaml": text}}  # fmt: skip
-        cluster.kubectl("replace", "-f", "-", input=json.dumps(obj))
-        cluster.kubectl("-n", "nodeplug-system", "rollout", "restart", "daemonset/nodeplug")
-        cluster.rollout()
-
-    put(yaml.safe_dump(cfg, sort_keys=False))
-    try:
-        yield
-    finally:
-        # The module's namespaces are being deleted (without waiting): a pod holding one of the driver's claims only
-        # goes once the driver has unprepared it, so the driver stays until every such claim is gone; turned off
-        # before, its pods stay Terminating for good.
-        cluster.wait("the driver's claims released", lambda: not claims_of_driver(cluster), 180,
-                     explain=f"left: {claims_of_driver(cluster)}")  # fmt: skip
-        put(original)
+    with cluster.agent_config(edit):
+        try:
+            yield
+        finally:
+            # The module's namespaces are being deleted (without waiting): a pod holding one of the driver's claims
+            # only goes once the driver has unprepared it, so the driver stays until every such claim is gone; turned
+            # off before, its pods stay Terminating for good.
+            cluster.wait("the driver's claims released", lambda: not claims_of_driver(cluster), 180,
+                         explain=f"left: {claims_of_driver(cluster)}")  # fmt: skip
 
 
 def claims_of_driver(cluster: Cluster) -> list[str]:

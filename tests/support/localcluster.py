@@ -56,6 +56,16 @@ class Cluster:
             time.sleep(0.5)
         raise AssertionError(f"{what}: not within {timeout:.0f} s {explain}")
 
+    def volume_snapshot(self, ns: str, name: str, pvc: str) -> dict[str, Any]:
+        """A VolumeSnapshot ``name`` of claim ``pvc`` (class nodeplug-snapshot) made and waited readyToUse; the
+        object."""
+        spec = {"volumeSnapshotClassName": "nodeplug-snapshot", "source": {"persistentVolumeClaimName": pvc}}
+        self.apply(ns, {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                        "metadata": {"name": name}, "spec": spec})  # fmt: skip
+        self.wait("VolumeSnapshot readyToUse", lambda: self.get("-n", ns, "volumesnapshot", name)
+                  .get("status", {}).get("readyToUse") is True, 120)  # fmt: skip
+        return self.get("-n", ns, "volumesnapshot", name)
+
     def wait_running(self, ns: str, *pods: str, timeout: float = 120) -> None:
         for pod in pods:
             try:
@@ -103,8 +113,14 @@ class Cluster:
 
     def metrics(self) -> str:
         """The agent's /metrics, through the API server's proxy to its pod (as a scraper in the cluster reads it)."""
-        path = f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy/metrics"
-        return self.kubectl("get", "--raw", path)
+        return self.agent_http("/metrics")
+
+    def agent_http(self, path: str) -> str:
+        """``path`` of the first node's agent's HTTP server (``/metrics``, ``/readyz``), through the API server's proxy
+        to its pod."""
+        return self.kubectl(
+            "get", "--raw", f"/api/v1/namespaces/nodeplug-system/pods/{self.agent_pod()}:9450/proxy{path}"
+        )
 
     @contextlib.contextmanager
     def agent_config(self, edit: Callable[[dict[str, Any]], None]) -> Iterator[None]:
