@@ -166,8 +166,7 @@ class PluginSpec(Generic[S]):
             return f"{self.name}.enabled is false"
         if self.needs_kube and ctx.kube is None:
             return "no Kubernetes API configured (--kubeconfig, KUBECONFIG or in-cluster): single-node"
-        needed: list[Section] = [getattr(cfg, n) for n in self.needs]
-        off = [n for n, section in zip(self.needs, needed, strict=True) if not section.enabled]
+        off = [n for n in self.needs if not getattr(cfg, n).enabled]
         if off:
             return f"it needs {', '.join(off)}, which the config turns off ({', '.join(n + '.enabled' for n in off)})"
         return ""
