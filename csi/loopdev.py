@@ -60,7 +60,8 @@ def attached_to(device: str, name: str, backing: Path) -> bool:
       path (several nodes on one machine, each with its own ``/var/lib/nodeplug``; loop devices are machine-wide).
     So a device whose name is the file's path, or ends with it, is this file's only when the kernel says it is
     attached to this file's device and inode (LOOP_GET_STATUS64)."""
-    return _attached(device, name, os.path.realpath(backing), _file_id(os.path.realpath(backing)))
+    want = os.path.realpath(backing)
+    return _attached(device, name, want, _file_id(want))
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

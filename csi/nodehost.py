@@ -212,10 +212,11 @@ class NodeHost:
     def grow_unused(self, v: Volume, staging: Path, device: str) -> bool:
         """Grow ``v``'s ext4 offline while it is staged at ``staging`` and nothing else mounts it (no pod has it
         published): unmount the staging mount, grow (:mod:`csi.offlinegrow`), mount it again with the options it had.
-        False, having changed nothing, when anything else mounts the filesystem (the caller grows it online)."""
+        False, having changed nothing, when anything else mounts the filesystem (the caller grows it online). The
+        caller has checked that what ``staging`` shows is ``v`` (:func:`csi.holders.holds`)."""
         table = mounts.mount_table()
         entry = mounts.find_mount(staging, table)
-        if entry is None or not holders.holds(v, self.backing(v), staging):
+        if entry is None:
             raise FailedPrecondition(f"volume {v.volume_id} is not mounted at {staging}; stage it again")
         if any(e.dev == entry.dev and e.mount_id != entry.mount_id for e in table):
             return False

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from csi.errors import FailedPrecondition, Internal
 from nodeplug.commands import CommandError, run
+from nodeplug.fsutil import fsync_dir
 
 FSCK_TIMEOUT = 600.0
 RESIZE_TIMEOUT = 600.0
@@ -49,14 +50,6 @@ def interrupted(marker: Path) -> bool:
     return marker.exists()
 
 
-def _sync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _mark(marker: Path) -> None:
     marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -64,13 +57,13 @@ def _mark(marker: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _sync_dir(marker.parent)
+    fsync_dir(marker.parent)
 
 
 def _unmark(marker: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         marker.unlink()
-        _sync_dir(marker.parent)
+        fsync_dir(marker.parent)
 
 
 def wait_free(device: Path, wait: float = FREE_WAIT) -> None:
@@ -103,16 +96,22 @@ def check(device: Path) -> None:
             raise Internal.from_command(e, f"checking the filesystem on {device} before growing it") from e
 
 
+def resize(device: Path) -> None:
+    """:func:`check`, then ``resize2fs`` to fill ``device``: the grow itself, with no marker (also for a volume's copy
+    no one uses yet, whose interrupted grow leaves nothing behind but the copy)."""
+    check(device)
+    try:
+        run(["resize2fs", str(device)], timeout=RESIZE_TIMEOUT)
+    except CommandError as e:
+        raise Internal.from_command(e, f"growing the filesystem on {device}") from e
+
+
 def grow(device: Path, marker: Path) -> bool:
     """Grow the unmounted ext4 on ``device`` to fill it (after an interrupted grow too). Returns whether an
     interrupted grow was found. A failure keeps the marker: the next stage or grow starts over."""
     wait_free(device)
     was = interrupted(marker)
     _mark(marker)
-    check(device)
-    try:
-        run(["resize2fs", str(device)], timeout=RESIZE_TIMEOUT)
-    except CommandError as e:
-        raise Internal.from_command(e, f"growing the filesystem on {device}") from e
+    resize(device)
     _unmark(marker)
     return was

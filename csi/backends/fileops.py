@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from csi import offlinegrow
 from csi.errors import Internal
 from nodeplug.commands import CommandError, run
 from nodeplug.fsutil import fsync_dir
@@ -155,15 +156,6 @@ def grow_file(path: Path, size: int) -> None:
             os.close(fd)
 
 
-def _grow_ext4(path: Path) -> None:
-    try:
-        run(["e2fsck", "-f", "-p", str(path)], timeout=FSCK_TIMEOUT)
-    except CommandError as e:
-        if e.returncode not in (1, 2):  # 1/2: errors corrected; anything else is a real failure
-            raise Internal.from_command(e, f"checking {path.name} before resize") from e
-    cmd(["resize2fs", str(path)], FSCK_TIMEOUT, f"growing the filesystem in {path.name}")
-
-
 @contextlib.contextmanager
 def _xfs_mounted(path: Path, scratch: Path) -> Iterator[Path]:
     """``path`` mounted for the moment under ``scratch`` (``loop,nouuid``: a copy shares its source's UUID)."""
@@ -190,7 +182,7 @@ def finish_copy(path: Path, fs_type: str, grow: bool, scratch: Path) -> None:
     """
     if fs_type == "ext4":
         if grow:
-            _grow_ext4(path)
+            offlinegrow.resize(path)
     elif fs_type == "xfs":
         with _xfs_mounted(path, scratch) as mnt:
             if grow:

@@ -1,26 +1,43 @@
-"""A plugin that needs another section runs only where that section is on, and ``nodeplug doctor`` checks only
-what the agent would run: network policy acts on the pods nodeplug's CNI attaches."""
+"""A plugin's ``needs``: it runs only while the sections it needs are enabled (network policy acts on the pods
+nodeplug's CNI attaches), and ``nodeplug doctor`` checks only what the agent would run."""
 
 from __future__ import annotations
 
-from nodeplug.config import parse
+from typing import cast
+
+from cni.policy.spec import SPEC as POLICY
+from nodeplug.config import AgentConfig
 from nodeplug.doctor import all_checks
+from nodeplug.kube import KubeClient
 from nodeplug.plugin import AgentContext
-from nodeplug.plugins import PLUGINS
+
+# disabled_reason only asks whether the agent follows an API; nothing is called on the client
+WITH_API = AgentContext(kube=cast(KubeClient, object()), node_name="n1")
 
 
-def _policy_groups(cni_on: bool) -> set[str]:
-    cfg = parse({"cni": {"enabled": cni_on}, "network_policy": {"enabled": True}})
-    return {c.group for c in all_checks(cfg, AgentContext())} & {"network_policy"}
+def config(cni: bool) -> AgentConfig:
+    return AgentConfig.model_validate({"cni": {"enabled": cni}, "network_policy": {"enabled": True}})
+
+
+def test_network_policy_runs_with_the_cni_on() -> None:
+    assert POLICY.disabled_reason(config(cni=True), WITH_API) == ""
+    assert POLICY.wanted(config(cni=True), WITH_API)
+
+
+def test_network_policy_is_off_with_the_cni_off_and_says_why() -> None:
+    reason = POLICY.disabled_reason(config(cni=False), WITH_API)
+    assert reason == "it needs cni, which the config turns off (cni.enabled)"
+    assert not POLICY.wanted(config(cni=False), WITH_API)
+
+
+def test_the_missing_api_is_named_before_the_missing_section() -> None:
+    assert "no Kubernetes API" in POLICY.disabled_reason(config(cni=False), AgentContext())
+
 
 
 def test_doctor_checks_network_policy_only_with_the_cni_on() -> None:
-    assert _policy_groups(cni_on=True) == {"network_policy"}
-    assert _policy_groups(cni_on=False) == set()
+    def groups(cni: bool) -> set[str]:
+        return {c.group for c in all_checks(config(cni), AgentContext())} & {"network_policy"}
 
-
-def test_network_policy_needs_the_cni() -> None:
-    spec = next(s for s in PLUGINS if s.name == "network_policy")
-    assert spec.needs_off(parse({"cni": {"enabled": False}})) == ["cni"]
-    assert spec.needs_off(parse({})) == []
-    assert not spec.wanted(parse({"cni": {"enabled": False}}), AgentContext())
+    assert groups(cni=True) == {"network_policy"}
+    assert groups(cni=False) == set()
