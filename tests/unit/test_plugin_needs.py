@@ -34,7 +34,6 @@ def test_the_missing_api_is_named_before_the_missing_section() -> None:
     assert "no Kubernetes API" in POLICY.disabled_reason(config(cni=False), AgentContext())
 
 
-
 def test_doctor_checks_network_policy_only_with_the_cni_on() -> None:
     def groups(cni: bool) -> set[str]:
         return {c.group for c in all_checks(config(cni), AgentContext())} & {"network_policy"}
