@@ -118,15 +118,29 @@ def _in_cluster(pid: int) -> bool:
         return False
 
 
+def _all_netns() -> set[str]:
+    """The network namespaces some process on the machine is in, as mountinfo names them (``net:[inode]``)."""
+    out = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                out.add(os.readlink(f"/proc/{entry.name}/ns/net"))
+    return out
+
+
 def unmount_all(state: State, netns_inodes: set[int]) -> None:
     roots = [*MOUNT_ROOTS, state.dir]
     pod_netns = {f"net:[{i}]" for i in netns_inodes}
+    # A pod sandbox whose processes had already gone (a pod torn down as the cluster went) leaves containerd's
+    # /run/netns/cni-<id> with no process in it: such an orphan is the cluster's too.
+    in_use = _all_netns()
     for _ in range(10):
         mine = []
         for point, root, fstype in _mountinfo():
             p = Path(point)
             under = any(p == r or r in p.parents for r in roots)
-            pod_ns = fstype == "nsfs" and p.parent == Path("/run/netns") and root in pod_netns
+            orphan = p.name.startswith("cni-") and root not in in_use
+            pod_ns = fstype == "nsfs" and p.parent == Path("/run/netns") and (root in pod_netns or orphan)
             if under or pod_ns:
                 mine.append(point)
         if not mine:
