@@ -1,32 +1,17 @@
 """The device plugin (and the DRA driver under it) as the agent shell knows it: its config section, how it is
-built and its doctor checks. Imports only its config; the plugin's code loads when it starts."""
+built and its doctor checks. Imports only its config; the plugin's code loads when it starts or ``nodeplug doctor``
+checks it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from deviceplugin.config import Config
-from nodeplug.plugin import AgentContext, Plugin, PluginSpec
-
-if TYPE_CHECKING:
-    from nodeplug.checks import Check
-    from nodeplug.config import AgentConfig
+from nodeplug.plugin import Implementation, PluginSpec
 
 
-def _of(cfg: AgentConfig) -> Config:
-    return cfg.deviceplugin
+def _load() -> Implementation[Config]:
+    from deviceplugin import doctor, plugin
+
+    return Implementation(plugin.DevicePlugin, doctor.checks)
 
 
-def _create(section: Config, ctx: AgentContext) -> Plugin[Config]:
-    from deviceplugin.plugin import DevicePlugin
-
-    return DevicePlugin(section, ctx)
-
-
-def _checks(section: Config, ctx: AgentContext) -> list[Check]:
-    from deviceplugin.doctor import checks
-
-    return checks(section, ctx)
-
-
-SPEC = PluginSpec(name="deviceplugin", section=Config, of=_of, create=_create, checks=_checks)
+SPEC = PluginSpec(name="deviceplugin", section=Config, of=lambda cfg: cfg.deviceplugin, load=_load)

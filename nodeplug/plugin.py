@@ -6,8 +6,9 @@ its config section and this shell, so that loading the config loads no plugin's 
 - ``name``: its config section's key, its name in ``/readyz`` and its log field;
 - ``section``: the :class:`nodeplug.configbase.Section` subclass of its config, and ``of``, which picks that section
   out of the agent config;
-- ``create(section, ctx) -> Plugin``: builds the plugin (no side effects until ``start``);
-- ``checks(section, ctx) -> list[Check]``: its node and end-to-end checks for ``nodeplug doctor``;
+- ``load() -> Implementation``: imports the plugin's code when the agent starts it or ``nodeplug doctor`` checks
+  it, and returns ``create(section, ctx) -> Plugin``, which builds the plugin (no side effects until ``start``), and
+  ``checks(section, ctx) -> list[Check]``, its node and end-to-end checks;
 - ``needs_kube``: the plugin only runs when the agent follows a Kubernetes API (a controller of API objects);
 - ``needs``: the sections that must be enabled for it to run (network policy acts on the pods the CNI attaches);
 - ``commands``: ``nodeplug`` subcommands it brings (``install-cni``).
@@ -145,12 +146,19 @@ class Spec(Protocol):
 
 
 @dataclass(frozen=True)
+class Implementation(Generic[S]):
+    """A plugin's code, as its spec's ``load`` returns it: how the plugin is built, and its doctor checks."""
+
+    create: Callable[[S, AgentContext], Plugin[S]]
+    checks: Callable[[S, AgentContext], list[Check]]
+
+
+@dataclass(frozen=True)
 class PluginSpec(Generic[S]):
     name: str
     section: type[S]
     of: Callable[[AgentConfig], S]
-    create: Callable[[S, AgentContext], Plugin[S]]
-    checks: Callable[[S, AgentContext], list[Check]]
+    load: Callable[[], Implementation[S]]
     needs_kube: bool = False
     needs: tuple[str, ...] = ()
     commands: Sequence[Command] = ()
@@ -180,7 +188,7 @@ class PluginSpec(Generic[S]):
 
     async def start(self, cfg: AgentConfig, ctx: AgentContext) -> Started:
         section = self.of(cfg)
-        plugin = self.create(section, ctx)
+        plugin = self.load().create(section, ctx)
         try:
             await plugin.start()
         except BaseException:
@@ -190,7 +198,7 @@ class PluginSpec(Generic[S]):
         return Running(self, plugin, section)
 
     def doctor_checks(self, cfg: AgentConfig, ctx: AgentContext) -> list[Check]:
-        return self.checks(self.of(cfg), ctx)
+        return self.load().checks(self.of(cfg), ctx)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cni.cluster.model import IPNetwork
-from cni.dataplane.tools import ToolError, run_tool
+from cni.dataplane.tools import ToolError, nft_if_there, run_tool
 
 TABLE = "nodeplug-cluster"
 NFT_TIMEOUT = 10.0
@@ -60,9 +60,6 @@ def install(pod_cidrs: Iterable[IPNetwork], cluster: Iterable[IPNetwork]) -> Non
 def remove() -> bool:
     """Delete the table; False when it was not there."""
     try:
-        run_tool(["nft", "delete", "table", "inet", TABLE], timeout=NFT_TIMEOUT)
+        return nft_if_there(["delete", "table", "inet", TABLE], NFT_TIMEOUT) is not None
     except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
-            return False
         raise MasqError(f"masquerade: {e}") from None
-    return True

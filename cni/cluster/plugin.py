@@ -9,59 +9,30 @@ the service; stopping it leaves the kernel as it is (routes keep carrying traffi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cni.cluster import uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.findings import Metrics
 from cni.cluster.network import ClusterNetwork
-from nodeplug.plugin import AgentContext, Readiness
+from nodeplug.plugin import AgentContext
+from nodeplug.serviceplugin import ServicePlugin
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeClient
 
 
-class ClusterNetworkPlugin:
+class ClusterNetworkPlugin(ServicePlugin[ClusterConfig, ClusterNetwork]):
     name = "cluster_network"
+    what = "the cluster network"
 
     def __init__(self, section: ClusterConfig, ctx: AgentContext) -> None:
-        self.section = section
-        self.ctx = ctx
-        self.log = ctx.logger(self.name)
         self.metrics = Metrics()
-        self.service: ClusterNetwork | None = None
-        self._attached = False
+        super().__init__(section, ctx, self.metrics.collectors())
 
-    async def start(self) -> None:
-        kube = self.ctx.kube
-        if kube is None:
-            raise RuntimeError("the cluster network needs a Kubernetes API (--kubeconfig, KUBECONFIG or in-cluster)")
-        if not self._attached:
-            for c in self.metrics.collectors():
-                self.ctx.metrics.registry.register(c)
-            self._attached = True
+    def build(self, kube: KubeClient) -> ClusterNetwork:
         root = self.ctx.root
-        self.service = ClusterNetwork(
+        return ClusterNetwork(
             self.section, kube, self.ctx.node_name, root(self.section.subnets_file), self.log, self.metrics,
             root(uninstall.LOCK), root(uninstall.MARKER), events=self.ctx.events, health=self.ctx.api_health,
         )  # fmt: skip
-        await self.service.start()
-
-    async def stop(self, grace: float) -> None:
-        service, self.service = self.service, None
-        if service is not None:
-            await service.stop()  # the kernel keeps its routes: a restarted agent finds them and leaves them be
-        if self._attached:
-            for c in self.metrics.collectors():
-                self.ctx.metrics.registry.unregister(c)
-            self._attached = False
-
-    def readiness(self) -> Readiness:
-        if self.service is None:
-            return Readiness(False, "not started")
-        ready, detail = self.service.readiness()
-        return Readiness(ready, detail)
-
-    async def reload(self, section: ClusterConfig) -> None:
-        self.log.info("restarting the cluster network for the new config", mode=section.mode)
-        service, self.service = self.service, None
-        if service is not None:
-            await service.stop()
-        self.section = section
-        self.service = None
-        await self.start()

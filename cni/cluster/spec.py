@@ -1,34 +1,19 @@
 """The cluster network as the agent shell knows it: the ``cluster_network`` section, built only when the agent
-follows a Kubernetes API. Imports only its config; the service's code loads when it starts."""
+follows a Kubernetes API. Imports only its config; the service's code loads when it starts or ``nodeplug doctor``
+checks it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cni.cluster.config import ClusterConfig
-from nodeplug.plugin import AgentContext, Plugin, PluginSpec
-
-if TYPE_CHECKING:
-    from nodeplug.checks import Check
-    from nodeplug.config import AgentConfig
+from nodeplug.plugin import Implementation, PluginSpec
 
 
-def _of(cfg: AgentConfig) -> ClusterConfig:
-    return cfg.cluster_network
+def _load() -> Implementation[ClusterConfig]:
+    from cni.cluster import doctor, plugin
 
-
-def _create(section: ClusterConfig, ctx: AgentContext) -> Plugin[ClusterConfig]:
-    from cni.cluster.plugin import ClusterNetworkPlugin
-
-    return ClusterNetworkPlugin(section, ctx)
-
-
-def _checks(section: ClusterConfig, ctx: AgentContext) -> list[Check]:
-    from cni.cluster.doctor import checks
-
-    return checks(section, ctx)
+    return Implementation(plugin.ClusterNetworkPlugin, doctor.checks)
 
 
 SPEC = PluginSpec(
-    name="cluster_network", section=ClusterConfig, of=_of, create=_create, checks=_checks, needs_kube=True
+    name="cluster_network", section=ClusterConfig, of=lambda cfg: cfg.cluster_network, load=_load, needs_kube=True
 )

@@ -4,6 +4,7 @@
 standalone CNI call that never runs a command (no ``ipMasq``, no ``vlan``) should not pay. Failures come back as
 :class:`ToolError`, carrying the command's message (naming the command and its stderr), whether it is missing and
 whether it timed out (a loaded node: :meth:`ToolError.cni_error` makes that code 11, try again later).
+:func:`nft_if_there` runs ``nft`` on a table or set that may not exist, which is no failure.
 """
 
 from __future__ import annotations
@@ -35,3 +36,14 @@ def run_tool(argv: Sequence[str], timeout: float, input: bytes | None = None) ->
         not_run = e.returncode is None
         missing, timed_out = not_run and "not found" in e.detail, not_run and "timed out" in e.detail
         raise ToolError(str(e), e.stderr, missing, timed_out) from None
+
+
+def nft_if_there(args: Sequence[str], timeout: float) -> str | None:
+    """Run ``nft args`` on a table or set that may not be there: its stdout, or None when it is not there (nor is
+    ``nft`` installed: then nothing made it). :class:`ToolError` on any other failure."""
+    try:
+        return run_tool(["nft", *args], timeout=timeout)
+    except ToolError as e:
+        if e.missing or "No such file or directory" in e.stderr:
+            return None
+        raise

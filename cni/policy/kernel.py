@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from cni.dataplane import sysctl
-from cni.dataplane.tools import ToolError, run_tool
+from cni.dataplane.tools import ToolError, nft_if_there, run_tool
 from cni.errors import CniError
 from cni.policy.ruleset import TABLE
 
@@ -38,11 +38,11 @@ def apply(script: str) -> None:
 def counters(table: str = TABLE) -> dict[str, int]:
     """Packets counted by each named counter of the table (empty when it is not there)."""
     try:
-        text = run_tool(["nft", "-j", "list", "counters", "table", "inet", table], timeout=NFT_TIMEOUT)
+        text = nft_if_there(["-j", "list", "counters", "table", "inet", table], NFT_TIMEOUT)
     except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
-            return {}
         raise KernelError(str(e)) from None
+    if text is None:
+        return {}
     out: dict[str, int] = {}
     for item in json.loads(text).get("nftables", []):
         c = item.get("counter") if isinstance(item, dict) else None
@@ -52,23 +52,20 @@ def counters(table: str = TABLE) -> dict[str, int]:
 
 
 def exists(table: str = TABLE) -> bool:
-    try:
-        run_tool(["nft", "list", "table", "inet", table], timeout=NFT_TIMEOUT)
-    except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
-            return False
-        raise KernelError(str(e)) from None
-    return True
+    return _on_table("list", table)
 
 
 def remove(table: str = TABLE) -> bool:
+    """Delete the table; False when it was not there."""
+    return _on_table("delete", table)
+
+
+def _on_table(verb: str, table: str) -> bool:
+    """``nft <verb> table inet <table>``; False when the table is not there."""
     try:
-        run_tool(["nft", "delete", "table", "inet", table], timeout=NFT_TIMEOUT)
+        return nft_if_there([verb, "table", "inet", table], NFT_TIMEOUT) is not None
     except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
-            return False
         raise KernelError(str(e)) from None
-    return True
 
 
 def bridge_netfilter() -> str:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni.errors import DATAPLANE, CniError
 from cni.policy import quarantine
 from cni.policy.config import PolicyConfig
 from cni.policy.service import Metrics, PolicyService
-from nodeplug.plugin import AgentContext, Readiness
+from nodeplug.plugin import AgentContext
+from nodeplug.serviceplugin import ServicePlugin
+
+if TYPE_CHECKING:
+    from nodeplug.kube import KubeClient
 
 
 class Attachments:
@@ -49,31 +53,24 @@ class Attachments:
             raise CniError(DATAPLANE, details=f"network policy: {e}") from None
 
 
-class NetworkPolicyPlugin:
+class NetworkPolicyPlugin(ServicePlugin[PolicyConfig, PolicyService]):
     name = "network_policy"
+    what = "network policy"
 
     def __init__(self, section: PolicyConfig, ctx: AgentContext) -> None:
-        self.section = section
-        self.ctx = ctx
-        self.log = ctx.logger(self.name)
         self.metrics = Metrics()
-        self.service: PolicyService | None = None
+        super().__init__(section, ctx, self.metrics.collectors())
         self.hook: Attachments | None = None
-        self._attached = False
 
-    async def start(self) -> None:
-        kube = self.ctx.kube
-        if kube is None:
-            raise RuntimeError("network policy needs a Kubernetes API (--kubeconfig, KUBECONFIG or in-cluster)")
-        if not self._attached:
-            for c in self.metrics.collectors():
-                self.ctx.metrics.registry.register(c)
-            self._attached = True
+    def build(self, kube: KubeClient) -> PolicyService:
         from cni.cluster import uninstall
 
         marker = self.ctx.root(uninstall.MARKER)
-        self.service = PolicyService(self.section, kube, self.ctx.node_name, self.log, self.metrics, marker)
-        await self.service.start()
+        return PolicyService(self.section, kube, self.ctx.node_name, self.log, self.metrics, marker)
+
+    async def start(self) -> None:
+        await super().start()
+        assert self.service is not None
         self.hook = Attachments(self.service, asyncio.get_running_loop(), self.section.attach_timeout_seconds)
         self.ctx.pod_addresses.append(self.hook)
 
@@ -81,22 +78,4 @@ class NetworkPolicyPlugin:
         if self.hook is not None and self.hook in self.ctx.pod_addresses:
             self.ctx.pod_addresses.remove(self.hook)
         self.hook = None
-        service, self.service = self.service, None
-        if service is not None:
-            await service.stop()
-        if self._attached:
-            for c in self.metrics.collectors():
-                self.ctx.metrics.registry.unregister(c)
-            self._attached = False
-
-    def readiness(self) -> Readiness:
-        if self.service is None:
-            return Readiness(False, "not started")
-        ready, detail = self.service.readiness()
-        return Readiness(ready, detail)
-
-    async def reload(self, section: PolicyConfig) -> None:
-        self.log.info("restarting network policy for the new config")
-        await self.stop(0)
-        self.section = section
-        await self.start()
+        await super().stop(grace)

@@ -29,7 +29,7 @@ import ipaddress
 import json
 from collections.abc import Iterable
 
-from cni.dataplane.tools import ToolError, run_tool
+from cni.dataplane.tools import ToolError, nft_if_there, run_tool
 from cni.policy import nfsets
 
 TABLE = "nodeplug-quarantine"
@@ -95,11 +95,11 @@ def held() -> set[str]:
     out: set[str] = set()
     for v in (4, 6):
         try:
-            text = run_tool(["nft", "-j", "list", "set", "inet", TABLE, f"q{v}"], timeout=NFT_TIMEOUT)
+            text = nft_if_there(["-j", "list", "set", "inet", TABLE, f"q{v}"], NFT_TIMEOUT)
         except ToolError as e:
-            if e.missing or "No such file or directory" in e.stderr:
-                continue
             raise QuarantineError(f"quarantine: {e}") from None
+        if text is None:
+            continue
         for item in json.loads(text).get("nftables", []):
             for elem in (item.get("set") or {}).get("elem", []) or []:
                 if isinstance(elem, str):
@@ -108,10 +108,8 @@ def held() -> set[str]:
 
 
 def remove() -> bool:
+    """Delete the table; False when it was not there."""
     try:
-        run_tool(["nft", "delete", "table", "inet", TABLE], timeout=NFT_TIMEOUT)
+        return nft_if_there(["delete", "table", "inet", TABLE], NFT_TIMEOUT) is not None
     except ToolError as e:
-        if e.missing or "No such file or directory" in e.stderr:
-            return False
         raise QuarantineError(f"quarantine: {e}") from None
-    return True
