@@ -31,10 +31,14 @@ HOST_VETH = "npcluster0"  # the underlay: a bridge on the host, every node's eth
 HOST_ADDR = "198.18.0.1"  # RFC 2544 benchmarking range: nothing else on the machine uses it
 NODE_ADDR = "198.18.0.2"  # the API server's advertise address (the control plane's namespace: scripts/cluster/nodes.py)
 PREFIX = 24
+# The underlay's IPv6 (unique local): every node has an address of each family, so the tier runs dual stack.
+HOST_ADDR6 = "fd00:198:18::1"
+PREFIX6 = 64
 RUN = Path("/run/nodeplug-cluster")  # sockets and runtime state (short: unix socket paths must fit 108 bytes)
 CGROUP = "nodeplug-cluster"  # the daemons' cgroup (pids and freezer hierarchies); pods go to /kubepods
 SERVICE_CIDR = "10.96.0.0/16"
 CLUSTER_CIDR = "10.244.0.0/16"  # node podCIDRs (kube-controller-manager --allocate-node-cidrs)
+CLUSTER_CIDR6 = "fd44::/56"  # the IPv6 ones, a /64 each; inside the shipped agent.yaml's cluster_cidrs
 API_PORT = 6443
 
 # Host paths the node uses; cluster-down removes the ones cluster-up found absent (recorded in the state file).

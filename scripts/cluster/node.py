@@ -23,6 +23,7 @@ from cluster.common import (
     API_PORT,
     CGROUP,
     CLUSTER_CIDR,
+    CLUSTER_CIDR6,
     CNI_CONF_DIR,
     NODE_ADDR,
     SERVICE_CIDR,
@@ -185,7 +186,8 @@ def start_controllers(state: State, bins: dict[str, Path], pki: Pki) -> None:
         f"--service-account-private-key-file={pki.key('sa')}", f"--root-ca-file={pki.ca}",
         "--use-service-account-credentials=true", "--controllers=*",
         f"--flex-volume-plugin-dir={state.dir / 'volume-plugins'}",  # not /usr/libexec/kubernetes on the host
-        "--allocate-node-cidrs=true", f"--cluster-cidr={CLUSTER_CIDR}", "--node-cidr-mask-size=24",
+        "--allocate-node-cidrs=true", f"--cluster-cidr={CLUSTER_CIDR},{CLUSTER_CIDR6}",
+        "--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
     ])  # fmt: skip
     sched = str(pki.kubeconfig("scheduler"))
@@ -303,5 +305,5 @@ def start_kubelet(state: State, bins: dict[str, Path], pki: Pki, node: Node) -> 
     kubeconfig = pki.kubeconfig(node.suffix("kubelet"))
     start(state, node.suffix("kubelet"), [
         bins["kubelet"], f"--config={kubelet_config(state, pki, node)}", f"--kubeconfig={kubeconfig}",
-        f"--node-ip={node.address}", f"--hostname-override={node.name}", "--v=2",
+        f"--node-ip={node.address},{node.address6}", f"--hostname-override={node.name}", "--v=2",
     ], node=node)  # fmt: skip

@@ -37,11 +37,13 @@ from cluster.common import (
     CGROUP,
     CNI_CONF_DIR,
     HOST_ADDR,
+    HOST_ADDR6,
     HOST_VETH,
     KUBELET_DIR,
     NETNS,
     NODE_ADDR,
     PREFIX,
+    PREFIX6,
     RUN,
     State,
     run,
@@ -79,6 +81,10 @@ class Node:
     @property
     def address(self) -> str:
         return NODE_ADDR if self.index == 0 else f"198.18.0.{self.index + 2}"
+
+    @property
+    def address6(self) -> str:
+        return f"{HOST_ADDR6.rsplit(':', 1)[0]}:{self.index + 2:x}"
 
     @property
     def host_veth(self) -> str:
@@ -129,6 +135,7 @@ def make_underlay(state: State) -> None:
     state.data["underlay"] = HOST_VETH
     state.save()
     run(["ip", "addr", "add", f"{HOST_ADDR}/{PREFIX}", "dev", HOST_VETH])
+    run(["ip", "addr", "add", f"{HOST_ADDR6}/{PREFIX6}", "dev", HOST_VETH, "nodad"])
     run(["ip", "link", "set", HOST_VETH, "up"])
 
 
@@ -140,10 +147,13 @@ def make_netns(state: State, node: Node) -> None:
     ns = ["ip", "-n", node.netns]
     run([*ns, "link", "set", "lo", "up"])
     run([*ns, "addr", "add", f"{node.address}/{PREFIX}", "dev", "eth0"])
+    run([*ns, "addr", "add", f"{node.address6}/{PREFIX6}", "dev", "eth0", "nodad"])
     run([*ns, "link", "set", "eth0", "up"])
-    # The route kubelet and the pod network take for "the node's default interface" (nothing answers beyond it).
+    # The routes kubelet and the pod network take for "the node's default interface" (nothing answers beyond it).
     run([*ns, "route", "add", "default", "via", HOST_ADDR])
-    run(["nsenter", f"--net=/run/netns/{node.netns}", "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+    run([*ns, "-6", "route", "add", "default", "via", HOST_ADDR6])
+    run(["nsenter", f"--net=/run/netns/{node.netns}", "--", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1",
+         "net.ipv6.conf.all.forwarding=1"])  # fmt: skip
 
 
 def make_mount_ns(state: State, node: Node) -> None:

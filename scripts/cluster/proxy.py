@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from cluster import node as daemons
-from cluster.common import CLUSTER_CIDR, ClusterError, State, run, wait_for
+from cluster.common import CLUSTER_CIDR, CLUSTER_CIDR6, ClusterError, State, run, wait_for
 from cluster.nodes import Node
 from cluster.pki import Pki
 
@@ -42,7 +42,7 @@ def config(state: State, pki: Pki, node: Node) -> Path:
         "clientConnection": {"kubeconfig": str(pki.kubeconfig("kube-proxy"))},
         "mode": "nftables",
         "hostnameOverride": node.name,
-        "clusterCIDR": CLUSTER_CIDR,  # traffic from outside it to a ClusterIP is masqueraded
+        "clusterCIDR": f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",  # traffic from outside it to a ClusterIP is masqueraded
         "healthzBindAddress": HEALTHZ,
         "metricsBindAddress": METRICS,
         # This machine's root lacks CAP_SYS_RESOURCE: kube-proxy may not lower its oom_score_adj (default -999).

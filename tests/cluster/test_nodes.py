@@ -1,8 +1,9 @@
 """Pods on several real nodes (``NODEPLUG_TEST_NODES=3``: ``scripts/cluster-up DIR --nodes 3``), as a user meets
 them, in both route modes of the cluster pod network (the shipped ``auto``, which is direct routes between nodes on
 one segment, and ``vxlan``, set in the agent's config and rolled out as an operator does): each node holds a route to
-every other node's podCIDR the way the mode says; every pair of nodes talks pod to pod over TCP and UDP with the
-client's address kept; a pod reaches a Service whose endpoint is on another node (kube-proxy).
+every other node's podCIDRs (IPv4 and IPv6: the tier runs dual stack) the way the mode says; every pair of nodes
+talks pod to pod over TCP and UDP in each family with the client's address kept; a pod reaches a Service whose
+endpoint is on another node (kube-proxy).
 
 The servers are agnhost ``netexec`` (the upstream suites' workload image): ``/clientip`` over HTTP and ``clientip``
 over UDP answer with the address the packet came from. Skipped on a one-node cluster.
@@ -10,6 +11,7 @@ over UDP answer with the address the packet came from. Skipped on a one-node clu
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -64,9 +66,13 @@ def netexec(name: str, node: str, **labels: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def internal_ip(cluster: Cluster, node: str) -> str:
+def family(address: str) -> int:
+    return ipaddress.ip_network(address, strict=False).version
+
+
+def internal_ip(cluster: Cluster, node: str, version: int) -> str:
     addresses = cluster.get("node", node)["status"]["addresses"]
-    return str(next(a["address"] for a in addresses if a["type"] == "InternalIP"))
+    return str(next(a["address"] for a in addresses if a["type"] == "InternalIP" and family(a["address"]) == version))
 
 
 def routes_as_the_mode_says(cluster: Cluster, node: str, mode: str) -> list[str]:
@@ -76,14 +82,18 @@ def routes_as_the_mode_says(cluster: Cluster, node: str, mode: str) -> list[str]
     for peer in cluster.nodes:
         if peer == node:
             continue
-        cidr = cluster.get("node", peer)["spec"]["podCIDR"]
-        r = routes.get(cidr)
-        if r is None:
-            wrong.append(f"no route to {peer}'s {cidr}")
-        elif mode == "vxlan" and r.get("dev") != VXLAN_DEVICE:
-            wrong.append(f"{cidr} via {r.get('dev')}, not {VXLAN_DEVICE}")
-        elif mode == "direct" and (r.get("gateway"), r.get("dev")) != (internal_ip(cluster, peer), "eth0"):
-            wrong.append(f"{cidr} via {r.get('gateway')} dev {r.get('dev')}, not {peer}'s InternalIP on eth0")
+        cidrs = cluster.get("node", peer)["spec"]["podCIDRs"]
+        if sorted(family(c) for c in cidrs) != [4, 6]:
+            wrong.append(f"{peer}'s podCIDRs {cidrs} are not one of each family")
+        for cidr in cidrs:
+            r = routes.get(cidr)
+            if r is None:
+                wrong.append(f"no route to {peer}'s {cidr}")
+            elif mode == "vxlan" and r.get("dev") != VXLAN_DEVICE:
+                wrong.append(f"{cidr} via {r.get('dev')}, not {VXLAN_DEVICE}")
+            elif mode == "direct" and (r.get("gateway"), r.get("dev")) != (gateway := internal_ip(
+                cluster, peer, family(cidr)), "eth0"):  # fmt: skip
+                wrong.append(f"{cidr} via {r.get('gateway')} dev {r.get('dev')}, not {gateway} on eth0")
     return wrong
 
 
@@ -102,12 +112,16 @@ def test_pod_to_pod_across_every_pair_of_nodes_keeps_the_source(
     pods = {node: f"p{k}" for k, node in enumerate(nodes)}
     cluster.apply(ns, *[netexec(pod, node) for node, pod in pods.items()])
     cluster.wait_running(ns, *pods.values())
-    ips = {pod: cluster.get("-n", ns, "pod", pod)["status"]["podIP"] for pod in pods.values()}
-    for a, b in itertools.permutations(pods.values(), 2):
-        seen = cluster.exec(ns, a, "curl", "-sS", "--max-time", "5", f"http://{ips[b]}:8080/clientip")
-        assert seen.rsplit(":", 1)[0] == ips[a], f"TCP {a} -> {b} ({route_mode}): {b} saw {seen!r}, not {ips[a]}"
-        seen = cluster.exec(ns, a, "sh", "-c", f"echo clientip | nc -u -w 2 {ips[b]} 8081")
-        assert seen.strip().rsplit(":", 1)[0] == ips[a], f"UDP {a} -> {b} ({route_mode}): {b} saw {seen!r}"
+    ips = {pod: {family(i["ip"]): i["ip"] for i in cluster.get("-n", ns, "pod", pod)["status"]["podIPs"]}
+           for pod in pods.values()}  # fmt: skip
+    assert all(sorted(by_family) == [4, 6] for by_family in ips.values()), f"not an address of each family: {ips}"
+    for (a, b), version in itertools.product(itertools.permutations(pods.values(), 2), (4, 6)):
+        src, dst = ips[a][version], ips[b][version]
+        host = f"[{dst}]" if version == 6 else dst
+        seen = cluster.exec(ns, a, "curl", "-sS", "--max-time", "5", f"http://{host}:8080/clientip")
+        assert seen.rsplit(":", 1)[0].strip("[]") == src, f"TCP {a} -> {b} ({route_mode}): {b} saw {seen!r}, not {src}"
+        seen = cluster.exec(ns, a, "sh", "-c", f"echo clientip | nc -u -w 2 {dst} 8081")
+        assert seen.strip().rsplit(":", 1)[0].strip("[]") == src, f"UDP {a} -> {b} ({route_mode}): {b} saw {seen!r}"
 
 
 def test_a_service_whose_endpoint_is_on_another_node(

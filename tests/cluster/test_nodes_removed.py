@@ -23,14 +23,14 @@ def test_a_deleted_nodes_routes_leave_the_other_nodes(cluster: Cluster) -> None:
     if len(cluster.nodes) < 2:
         pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=3 runs the tier on three)")
     gone, *others = cluster.nodes[::-1]
-    cidr = cluster.get("node", gone)["spec"]["podCIDR"]
+    cidrs = set(cluster.get("node", gone)["spec"]["podCIDRs"])  # one of each family: the tier runs dual stack
     for node in others:
-        cluster.wait(f"{node}'s route to {gone}'s {cidr}", lambda: cidr in cluster.cluster_routes(node), 60)  # noqa: B023
+        cluster.wait(f"{node}'s routes to {gone}'s {cidrs}", lambda: cidrs <= set(cluster.cluster_routes(node)), 60)  # noqa: B023
     cluster.kubectl("delete", "node", gone, "--wait=true")
     try:
         for node in others:
-            cluster.wait(f"{node}'s route to the deleted {gone}'s {cidr} removed",
-                         lambda: cidr not in cluster.cluster_routes(node), 60,  # noqa: B023
+            cluster.wait(f"{node}'s routes to the deleted {gone}'s {cidrs} removed",
+                         lambda: not cidrs & set(cluster.cluster_routes(node)), 60,  # noqa: B023
                          explain=str(cluster.cluster_routes(node)))  # fmt: skip
     finally:
         # The node comes back as a machine does: its kubelet, started again, registers it.
@@ -38,9 +38,9 @@ def test_a_deleted_nodes_routes_leave_the_other_nodes(cluster: Cluster) -> None:
         cluster.wait(f"{gone} registered again", lambda: bool(cluster.kubectl("get", "node", gone, check=False)), 60)
         cluster.kubectl("wait", "--for=condition=Ready", f"node/{gone}", "--timeout=120s", timeout=150)
         cluster.rollout()
-    back = cluster.get("node", gone)["spec"]["podCIDR"]
+    back = set(cluster.get("node", gone)["spec"]["podCIDRs"])
     for node in others:
-        cluster.wait(f"{node}'s route to {gone}'s {back} again", lambda: back in cluster.cluster_routes(node), 60)  # noqa: B023
+        cluster.wait(f"{node}'s routes to {gone}'s {back} again", lambda: back <= set(cluster.cluster_routes(node)), 60)  # noqa: B023
 
 
 COMMAND = b"nodeplug\0agent\0--config=/etc/nodeplug/agent.yaml\0"  # the DaemonSet's agent container
@@ -73,7 +73,7 @@ def test_a_nodes_agent_killed_leaves_the_other_nodes_alone(cluster: Cluster, ns:
     cluster.apply(ns, *[cluster.pod(pod, nodeSelector={"kubernetes.io/hostname": node}) for node, pod in pods.items()])
     cluster.wait_running(ns, *pods.values())
     ips = {pod: cluster.get("-n", ns, "pod", pod)["status"]["podIP"] for pod in pods.values()}
-    cidrs = {node: cluster.get("node", node)["spec"]["podCIDR"] for node in cluster.nodes}
+    cidrs = {node: set(cluster.get("node", node)["spec"]["podCIDRs"]) for node in cluster.nodes}
     before = {node: agent_restarts(cluster, node) for node in others}
     victim = agent_restarts(cluster, killed)
     routes = {node: cluster.cluster_routes(node) for node in others}
@@ -95,6 +95,6 @@ def test_a_nodes_agent_killed_leaves_the_other_nodes_alone(cluster: Cluster, ns:
     cluster.rollout()
     for node in others:
         assert agent_restarts(cluster, node) == before[node]
-        assert cidrs[killed] in cluster.cluster_routes(node), f"{node} lost its route to {killed}'s pods"
+        assert cidrs[killed] <= set(cluster.cluster_routes(node)), f"{node} lost a route to {killed}'s pods"
     for a, b in itertools.permutations(pods.values(), 2):
         assert " 0% packet loss" in cluster.exec(ns, a, "ping", "-c", "2", "-W", "2", ips[b]), f"{a} -> {b}"

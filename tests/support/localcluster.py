@@ -91,9 +91,12 @@ class Cluster:
 
     def cluster_routes(self, node: str) -> dict[str, dict[str, Any]]:
         """The routes the agent keeps on ``node`` (its route protocol, ``cni.cluster.route_protocol``'s default 110),
-        by destination, as ``ip -j route`` gives them."""
-        out = self.on_node(node, "ip", "-j", "route", "show", "proto", "110")
-        return {r["dst"]: r for r in json.loads(out or "[]")}
+        by destination (both families), as ``ip -j route`` gives them."""
+        routes = {}
+        for version in ("-4", "-6"):
+            out = self.on_node(node, "ip", version, "-j", "route", "show", "proto", "110")
+            routes.update({r["dst"]: r for r in json.loads(out or "[]")})
+        return routes
 
     def agent_pod(self, node: str = "") -> str:
         """The running agent pod of ``node`` (default: the first node)."""
