@@ -93,7 +93,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     started = time.monotonic()
     # Another cluster on the machine (only one kubelet per machine): wait for it rather than fail.
     env = {**os.environ, "NODEPLUG_CLUSTER_LOCK_WAIT": os.environ.get("NODEPLUG_CLUSTER_LOCK_WAIT", "1800")}
-    nodes = os.environ.get("NODEPLUG_TEST_NODES", "1")  # the same tier on N nodes
+    nodes = os.environ.get("NODEPLUG_TEST_NODES", "3")  # the same tier on N nodes (NODEPLUG_TEST_NODES=1: one)
     p = subprocess.run([str(CLUSTER_UP), str(d), "--nodes", nodes], capture_output=True, text=True, timeout=3600,
                        check=False, env=env)  # fmt: skip
     try:

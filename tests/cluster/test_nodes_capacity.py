@@ -50,7 +50,7 @@ def volumes(name: str) -> dict[str, Any]:
 
 def test_a_full_node_is_passed_over_for_the_next_claim(cluster: Cluster, ns: str) -> None:
     if len(cluster.nodes) < 2:
-        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=3 runs the tier on three)")
+        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=1; by default the tier runs on three)")
     full, spare = cluster.nodes[0], cluster.nodes[1]
     cluster.wait("every node's btrfs capacity published", lambda: min(capacity(cluster, n) for n in (full, spare))
                  > 0, POLL_BOUND)  # fmt: skip

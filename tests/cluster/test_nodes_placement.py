@@ -23,7 +23,7 @@ MOUNT = {"name": "data", "mountPath": "/data"}
 @pytest.fixture
 def nodes(cluster: Cluster) -> list[str]:
     if len(cluster.nodes) < 2:
-        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=3 runs the tier on three)")
+        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=1; by default the tier runs on three)")
     return cluster.nodes
 
 

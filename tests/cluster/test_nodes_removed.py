@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def test_a_deleted_nodes_routes_leave_the_other_nodes(cluster: Cluster) -> None:
     if len(cluster.nodes) < 2:
-        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=3 runs the tier on three)")
+        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=1; by default the tier runs on three)")
     gone, *others = cluster.nodes[::-1]
     cidrs = set(cluster.get("node", gone)["spec"]["podCIDRs"])  # one of each family: the tier runs dual stack
     for node in others:
@@ -67,7 +67,7 @@ def agent_restarts(cluster: Cluster, node: str) -> tuple[str, int]:
 
 def test_a_nodes_agent_killed_leaves_the_other_nodes_alone(cluster: Cluster, ns: str) -> None:
     if len(cluster.nodes) < 3:
-        pytest.skip("needs three nodes (NODEPLUG_TEST_NODES=3 runs the tier on three)")
+        pytest.skip("needs three nodes (by default the tier runs on three)")
     killed, *others = cluster.nodes[::-1]
     pods = {node: f"p{k}" for k, node in enumerate(cluster.nodes)}
     cluster.apply(ns, *[cluster.pod(pod, nodeSelector={"kubernetes.io/hostname": node}) for node, pod in pods.items()])

@@ -40,7 +40,7 @@ def containers(cluster: Cluster, ns: str, *pods: str) -> dict[str, tuple[str, in
 
 def test_rollout_across_the_nodes_under_a_running_tcp_stream(cluster: Cluster, ns: str) -> None:
     if len(cluster.nodes) < 2:
-        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=3 runs the tier on three)")
+        pytest.skip("a one-node cluster (NODEPLUG_TEST_NODES=1; by default the tier runs on three)")
     first, second = cluster.nodes[0], cluster.nodes[-1]
     device = {"limits": {"nodeplug.io/fuse": "1"}}
     # The server (a volume and a device) writes what it receives to its volume; the client sends a line five times a
