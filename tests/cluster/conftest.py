@@ -71,7 +71,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             own = item.get_closest_marker("timeout")
             seconds = own.args[0] if own is not None and own.args else TIER_TIMEOUT
             item.add_marker(pytest.mark.timeout(seconds, func_only=True), append=False)
-    items.sort(key=lambda i: i.get_closest_marker("cluster_last") is not None)
+    # Last within the tier, not the session: pytest finalises the package's cluster when the next item is of another
+    # tier, and a cluster_last test after the other tiers would bring a second cluster up for itself.
+    mine = [i for i in items if here in i.path.parents]
+    if mine:
+        at = items.index(mine[0])
+        rest = [i for i in items if here not in i.path.parents]
+        mine.sort(key=lambda i: i.get_closest_marker("cluster_last") is not None)
+        items[:] = rest[:at] + mine + rest[at:]
 
 
 def pytest_configure(config: pytest.Config) -> None:
