@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from lightkube.utils.quantity import parse_quantity
 
 if TYPE_CHECKING:
     from support.localcluster import Cluster  # the fixture's type
@@ -22,20 +23,12 @@ MI = 1 << 20
 POLL_BOUND = 240
 
 
-def quantity(q: str) -> int:
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
-    for suffix, factor in units.items():
-        if q.endswith(suffix):
-            return int(q[: -len(suffix)]) * factor
-    return int(q)
-
-
 def capacity(cluster: Cluster, node: str) -> int:
     """What node's CSIStorageCapacity for the btrfs class says (0 when there is none yet)."""
     objs = cluster.get("-n", "nodeplug-system", "csistoragecapacities")["items"]
     mine = [o for o in objs if o.get("storageClassName") == CLASS
             and (o.get("nodeTopology") or {}).get("matchLabels", {}).get(TOPOLOGY_KEY) == node]  # fmt: skip
-    return max((quantity(o.get("capacity", "0")) for o in mine), default=0)
+    return max((int(parse_quantity(o.get("capacity", "0")) or 0) for o in mine), default=0)
 
 
 def claim(name: str, size: int) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from lightkube.utils.quantity import parse_quantity
 
 if TYPE_CHECKING:
     from support.localcluster import Cluster  # the fixture's type
@@ -151,11 +152,7 @@ def test_expand_while_unused_then_the_next_pod_sees_it(cluster: Cluster, ns: str
 
 
 def mib(quantity: str) -> int:
-    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
-    for suffix, factor in units.items():
-        if quantity.endswith(suffix):
-            return int(float(quantity[: -len(suffix)]) * factor)
-    return int(quantity) >> 20
+    return int(parse_quantity(quantity) or 0) >> 20
 
 
 def volumes_on_node() -> set[str]:
