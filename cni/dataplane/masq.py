@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cni.dataplane import names
-from cni.dataplane.tools import ToolError, run_tool
+from cni.dataplane.tools import ToolError, nft_if_there, run_tool
 from cni.errors import DATAPLANE, CniError
 
 TABLE = "nodeplug"
@@ -77,13 +77,11 @@ def add_rules(network: str, host_veth: str, container_id: str, addresses: Sequen
 def _rules() -> list[dict[str, Any]]:
     """The rules of our chain as nft's JSON gives them; empty when the table (or nft itself) is absent."""
     try:
-        out = _nft(["-j", "list", "chain", "inet", TABLE, CHAIN])
+        out = nft_if_there(["-j", "list", "chain", "inet", TABLE, CHAIN], NFT_TIMEOUT)
     except ToolError as e:
-        if e.missing:
-            return []  # nft is not installed: no rule of ours can exist
-        if "No such file or directory" in e.stderr:
-            return []
         raise e.cni_error("ipMasq") from None
+    if out is None:
+        return []  # no table, or no nft: no rule of ours can exist
     try:
         items = json.loads(out).get("nftables", [])
     except (ValueError, AttributeError):

@@ -133,7 +133,7 @@ def answer_on_bridge(nl: Rtnl, bridge: str, ips: Sequence[IPConfig]) -> list[Any
         try:
             add_proxy(nl, index, a)
         except NetlinkError as e:
-            quietly(forget_on_bridge, nl, bridge, added)  # the caller's undo only knows of a complete answer
+            quietly(_forget, nl, bridge, index, added)  # the caller's undo only knows of a complete answer
             raise nl_error(f"answer for {a} on bridge {bridge} (proxy NDP)", e) from None
         added.append(a)
     return added
