@@ -32,6 +32,7 @@ from typing import Any
 
 from cluster import down, e2eimages, kubecache, up
 from cluster.common import CACHE, KUBE_ASSETS, REPO, ClusterError, State, log
+from cluster.nodes import from_state
 
 DRIVERS = REPO / "tests" / "cluster" / "suites"
 
@@ -195,11 +196,11 @@ def driver_file(suite: Suite, state: State, report_dir: Path) -> Path:
     (``ClientNodeName``, as upstream's own node-local driver, csi-hostpath, pins them to one node): the specs place a
     claim restored from a snapshot, or cloned, with its pod wherever the scheduler likes, and the scheduler knows
     nothing of where the source is; a node-local volume's snapshot or clone can only be made on the source's node."""
-    nodes = state.list("nodes") or [str(state.data["node"])]
-    if len(nodes) == 1:
+    every = from_state(state)
+    if len(every) == 1:
         return DRIVERS / suite.driver
     copy = report_dir / suite.driver
-    copy.write_text((DRIVERS / suite.driver).read_text() + f"ClientNodeName: {nodes[0]}\n")
+    copy.write_text((DRIVERS / suite.driver).read_text() + f"ClientNodeName: {every[0].name}\n")
     return copy
 
 

@@ -1,10 +1,12 @@
 """scripts/cluster-down DIR: remove everything cluster-up made, whatever state the cluster is in; safe to repeat.
 
 Order: kubelet first (so nothing restarts containers), then every pod sandbox through containerd (CNI DEL, rootfs
-unmounted) while it still answers; then every process in the cluster's cgroups (daemons, shims, containers); the
-mounts under the node's paths (kubelet's bind mount of its own directory, volume mounts, pod network namespaces);
-loop devices backed by files under nodeplug's state or DIR; the network namespace (the pod bridge, veths and
-nftables rules go with it); the cgroups; the host paths cluster-up found absent. The logs in DIR/logs stay.
+unmounted) while it still answers, node by node; then every process in the cluster's cgroups (daemons, shims,
+containers); the mounts under the nodes' paths (kubelet's bind mount of its own directory, volume mounts, pod network
+namespaces, the mount and UTS namespaces of nodes 2..N under RUN); loop devices backed by files under nodeplug's state
+or DIR; the network namespaces of the nodes and the control plane (each node's eth0 with its addresses and routes of
+both families, its host-side veth, pod bridge and nftables rules go with them); the underlay bridge with the host's
+IPv4 and IPv6 addresses; the cgroups; the host paths cluster-up found absent. The logs in DIR/logs stay.
 """
 
 from __future__ import annotations

@@ -131,9 +131,7 @@ def from_state(state: State) -> list[Node]:
 
 def make_underlay(state: State) -> None:
     """The bridge every node's ``eth0`` hangs off, with the host's address (the nodes' default gateway)."""
-    run(["ip", "link", "add", HOST_VETH, "type", "bridge"])
-    state.data["underlay"] = HOST_VETH
-    state.save()
+    run(["ip", "link", "add", HOST_VETH, "type", "bridge"])  # cluster-down deletes it by name, recorded or not
     run(["ip", "addr", "add", f"{HOST_ADDR}/{PREFIX}", "dev", HOST_VETH])
     run(["ip", "addr", "add", f"{HOST_ADDR6}/{PREFIX6}", "dev", HOST_VETH, "nodad"])
     run(["ip", "link", "set", HOST_VETH, "up"])
