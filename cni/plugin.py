@@ -1,13 +1,11 @@
 """The agent's CNI plugin: serves thick mode on ``/run/nodeplug/cni.sock`` (under the agent's root).
 
-An asyncio unix server speaks :mod:`cni.thick`: read the request, ACK, wait for GO, then run the very same protocol
-code the standalone entry point runs (:func:`cni.skel.run` over :mod:`cni.commands` and :mod:`cni.dataplane`) in a
-thread pool of ``workers`` threads, and send back the exit status and stdout. Requests for the same container id are
+The connections are served on threads (:mod:`cni.thickserver`: the framing of :mod:`cni.thick`, ACK, GO); after GO
+each invocation runs the very same protocol code the standalone entry point runs (:func:`cni.skel.run` over
+:mod:`cni.commands` and :mod:`cni.dataplane`), at most ``workers`` at once. Requests for the same container id are
 serialised (an ADD and the DEL that follows a failed sandbox never overlap); different containers run concurrently.
 A request larger than ``max_request_bytes`` is answered with an error naming the limit (NAK), never run, and never
-left to a silent fallback; a config naming another agent's socket gets NOT_HERE. The socket file is created with mode
-0600 by ``bind`` itself (the mode is set on the socket before it has a name), so it is never connectable by others,
-whatever the umask.
+left to a silent fallback; a config naming another agent's socket gets NOT_HERE.
 
 Warm state is the point: the dataplane is imported and the SQLite stores stay open between requests (``cni.ipam.sqlite``
 caches them), so a thick-mode ADD costs the netlink work and one transaction, not a Python start-up.
@@ -23,28 +21,24 @@ before DEL frees them; while it does not run here, addresses are quarantined (:c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import io
 import json
-import os
-import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from cni import thick
 from cni.config import Config
-from cni.errors import INVALID_NETWORK_CONFIG, CniError
 from cni.skel import Handler
-from nodeplug.grpcserve import remove_stale_socket
-from nodeplug.keyedlocks import KeyedLocks
+from cni.thickserver import ThickServer
+from nodeplug.keyedlocks import ThreadKeyedLocks
 from nodeplug.metrics import RPC_BUCKETS
 from nodeplug.plugin import AgentContext, Readiness
+
+CONNECTIONS = 64  # connections served at once (each on a thread); the workers among them run commands
 
 
 class CniPlugin:
@@ -59,11 +53,10 @@ class CniPlugin:
         self.ctx = ctx
         self.log = ctx.logger("cni")
         self.path = Path(ctx.root(section.socket))
-        self._server: asyncio.AbstractServer | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._server: ThickServer | None = None
+        self._slots = threading.BoundedSemaphore(section.workers)
         self._table: Mapping[str, Handler] = {}
-        self._locks = KeyedLocks()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._locks = ThreadKeyedLocks()
         self.requests = Counter(
             "nodeplug_cni_requests",
             "CNI invocations served in thick mode, by command and CNI result code (0 for success).",
@@ -90,37 +83,32 @@ class CniPlugin:
             # tens of milliseconds during which the loop would stop serving the HTTP endpoint and the other plugins
             dataplane = await asyncio.to_thread(importlib.import_module, "cni.dataplane")
             self._table = commands.table(dataplane, addresses=_AgentAddresses(self.ctx))
-        self._executor = ThreadPoolExecutor(self.section.workers, thread_name_prefix="cni")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
-        self._server = await asyncio.start_unix_server(self._accept, sock=_listening_socket(self.path))
+        self._slots = threading.BoundedSemaphore(self.section.workers)
+        server = ThickServer(
+            self.path,
+            self._run,
+            connections=max(CONNECTIONS, self.section.workers),
+            max_request_bytes=self.section.max_request_bytes,
+            handshake_timeout=self.section.handshake_timeout,
+            log=self.log,
+        )
+        await asyncio.to_thread(server.start)
+        self._server = server
         self.log.info("serving CNI thick mode", socket=str(self.path), workers=self.section.workers)
 
     async def stop(self, grace: float) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-            for t in pending:
-                t.cancel()
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), timeout=max(grace, 0.1))
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+            await asyncio.to_thread(server.stop, grace)
         from cni.ipam import sqlite
 
-        # close_all takes each store's lock, which a worker still finishing a transaction (the pool is not waited
-        # for) may hold for up to the busy timeout: not on the event loop
+        # close_all takes each store's lock, which a worker still finishing a transaction may hold for up to the
+        # busy timeout: not on the event loop
         await asyncio.to_thread(sqlite.close_all)
         self.log.info("stopped CNI thick mode", socket=str(self.path))
 
     def readiness(self) -> Readiness:
-        if self._server is None or not self._server.is_serving():
+        if self._server is None or not self._server.serving:
             return Readiness(False, f"not serving {self.path}")
         return Readiness(True, f"serving {self.path}")
 
@@ -131,52 +119,25 @@ class CniPlugin:
             await self.stop(grace=5.0)
             self.path = Path(self.ctx.root(section.socket))
             await self.start()
+        elif self._server is not None:  # read by each connection as it is served
+            self._server.max_request_bytes = section.max_request_bytes
+            self._server.handshake_timeout = section.handshake_timeout
 
     # ------------------------------------------------------------ serving
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, thick.ProtocolError, TimeoutError) as e:
-            self.log.debug("CNI client went away", error=str(e))
-        finally:
-            self._tasks.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    def _run(self, env: dict[str, str], stdin: bytes) -> tuple[int, str]:
+        """One invocation, on the connection's thread: after the container's earlier requests, in one of the
+        ``workers`` slots."""
+        from cni import skel
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        wait = self.section.handshake_timeout
-        # asyncio.timeout rather than wait_for: no task of its own per read (this runs for every request)
-        async with asyncio.timeout(wait):
-            header = await reader.readexactly(thick.HEADER_SIZE)
-        env_size, stdin_size = thick.parse_header(header)
-        size = env_size + stdin_size
-        if size > self.section.max_request_bytes:
-            await self._refuse(reader, writer, size)
-            return
-        async with asyncio.timeout(wait):
-            body = await reader.readexactly(size)
-        env, stdin = thick.parse_body(body, env_size)
-        if not thick.routes_here(stdin, str(self.path)):
-            writer.write(thick.NOT_HERE)
-            await writer.drain()
-            return
-        writer.write(thick.ACK)
-        await writer.drain()
-        async with asyncio.timeout(wait):
-            go = await reader.readexactly(1)
-        if go != thick.GO:
-            raise thick.ProtocolError("expected GO after ACK")
         command = env.get("CNI_COMMAND", "")
         container_id = env.get("CNI_CONTAINERID", "")
-        async with self._locks.hold(container_id):
+        with self._locks.hold(container_id):
             started = time.monotonic()
-            loop = asyncio.get_running_loop()
-            code, out = await loop.run_in_executor(self._executor, self._run, env, stdin)
+            with self._slots:
+                buf = io.StringIO()
+                code = skel.run(self._table, env, stdin, buf)
+                out = buf.getvalue()
             seconds = time.monotonic() - started
         cni_code = _result_code(code, out)
         self.requests.labels(command or "none", str(cni_code)).inc()
@@ -186,32 +147,7 @@ class CniPlugin:
             self.log.info("CNI request done", ms=round(seconds * 1000, 1), **fields)
         else:
             self.log.warning("CNI request failed", code=cni_code, detail=out[:500], **fields)
-        writer.write(thick.encode_reply(code, out.encode()))
-        await writer.drain()
-
-    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int) -> None:
-        """NAK a request larger than ``max_request_bytes`` with an error naming the limit, and read the rest of it
-        away (for at most the handshake timeout) so the client, still sending, gets to read the answer."""
-        limit = self.section.max_request_bytes
-        err = CniError(
-            INVALID_NETWORK_CONFIG,
-            details=f"the request ({size} bytes of environment and network config) is larger than the agent accepts "
-            f"({limit} bytes: cni.max_request_bytes in the agent config)",
-        )
-        self.log.warning("CNI request refused", size=size, limit=limit)
-        writer.write(thick.NAK + thick.encode_reply(1, err.to_json().encode()))
-        await writer.drain()
-        with contextlib.suppress(TimeoutError, ConnectionError):
-            async with asyncio.timeout(self.section.handshake_timeout):
-                while size > 0 and (chunk := await reader.read(min(size, 1 << 16))):
-                    size -= len(chunk)
-
-    def _run(self, env: dict[str, str], stdin: bytes) -> tuple[int, str]:
-        from cni import skel
-
-        buf = io.StringIO()
-        code = skel.run(self._table, env, stdin, buf)
-        return code, buf.getvalue()
+        return code, out
 
 
 class _AgentAddresses:
@@ -237,20 +173,6 @@ class _AgentAddresses:
         hooks = list(self.ctx.pod_addresses)
         for h in hooks or [self.fallback]:
             h.freed(ips)
-
-
-def _listening_socket(path: Path) -> socket.socket:
-    """A unix stream socket listening at ``path`` whose file is born with mode 0600: on Linux ``bind`` gives the file
-    the socket's own mode (less the umask), so it is set first; there is no moment when others may connect."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        os.fchmod(sock.fileno(), 0o600)
-        sock.bind(str(path))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _result_code(exit_code: int, out: str) -> int:

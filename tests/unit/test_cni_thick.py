@@ -134,16 +134,18 @@ async def test_stop_removes_the_socket_and_readiness_drops(tmp_root: Path) -> No
 async def test_the_socket_is_never_open_to_others_whatever_the_umask(
     tmp_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The mode is seen the moment the server exists, before anything else the agent does."""
+    """The mode is seen the moment the socket listens (the first moment anyone could connect), before anything else
+    the agent does."""
     seen: list[int] = []
-    real = asyncio.start_unix_server
+    path = tmp_root / "run/nodeplug/cni.sock"
+    real = socket.socket.listen
 
-    async def watched(*args: Any, **kwargs: Any) -> asyncio.Server:
-        server = await real(*args, **kwargs)
-        seen.append((tmp_root / "run/nodeplug/cni.sock").stat().st_mode & 0o777)
-        return server
+    def watched(self: socket.socket, *args: Any) -> None:
+        if self.family == socket.AF_UNIX and self.getsockname() == str(path):
+            seen.append(path.stat().st_mode & 0o777)
+        real(self, *args)
 
-    monkeypatch.setattr(asyncio, "start_unix_server", watched)
+    monkeypatch.setattr(socket.socket, "listen", watched)
     old = os.umask(0)
     try:
         plugin = CniPlugin(Config(), AgentContext(root=Root(tmp_root)))

@@ -4,10 +4,11 @@ the DRA preparer's claims), whatever way the holder leaves: done, raising or can
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from nodeplug.keyedlocks import KeyedLocks
+from nodeplug.keyedlocks import KeyedLocks, ThreadKeyedLocks
 
 
 async def test_one_key_at_a_time_other_keys_beside_it() -> None:
@@ -61,3 +62,37 @@ async def test_nothing_is_kept_after_a_raise_or_a_cancel() -> None:
     assert len(locks) == 0
     async with locks.hold(""):  # an empty key locks nothing and keeps nothing
         assert len(locks) == 0
+
+
+def test_threads_one_key_at_a_time_other_keys_beside_it_and_nothing_kept() -> None:
+    locks = ThreadKeyedLocks()
+    order: list[str] = []
+    a_held, release_a, second_waiting = threading.Event(), threading.Event(), threading.Event()
+
+    def first_a() -> None:
+        with locks.hold("a"):
+            order.append("a1 in")
+            a_held.set()
+            assert release_a.wait(30)
+            order.append("a1 out")
+
+    def second_a() -> None:
+        second_waiting.set()
+        with locks.hold("a"):
+            order.append("a in")
+
+    t1 = threading.Thread(target=first_a)
+    t1.start()
+    assert a_held.wait(30)
+    t2 = threading.Thread(target=second_a)
+    t2.start()
+    assert second_waiting.wait(30)
+    with locks.hold("b"):  # another key: not behind "a"
+        order.append("b in")
+    with pytest.raises(RuntimeError), locks.hold("c"):
+        raise RuntimeError("boom")
+    release_a.set()
+    t1.join(30)
+    t2.join(30)
+    assert order[:2] == ["a1 in", "b in"] and order[2:] == ["a1 out", "a in"]
+    assert len(locks) == 0
