@@ -18,10 +18,13 @@ import errno
 from collections.abc import Sequence
 from typing import Any
 
-from cni.dataplane.nl import IFF_UP, NetlinkError, Rtnl, add_addr, add_neighbour, add_route, nl_error, set_link
+from cni.dataplane.messages import Message
+from cni.dataplane.nl import IFF_UP, NetlinkError, Rtnl, addr_msg, link_msg, neigh_msg, nl_error, route_msg
+from cni.dataplane.rtnl import NLM_F_CREATE, NLM_F_EXCL, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWNEIGH, RTM_NEWROUTE
 from cni.errors import DATAPLANE, CniError
 from cni.types import IPConfig, Route
 
+CREATE = NLM_F_CREATE | NLM_F_EXCL  # an add: refused (EEXIST) when the object is already there
 LOOPBACK_INDEX = 1  # the kernel registers lo first in every netns, as index 1 (LOOPBACK_IFINDEX)
 
 
@@ -35,33 +38,33 @@ def configure_pod(
     gateways: Sequence[tuple[Any, str]] = (),
 ) -> None:
     """Configure ``ifname`` (link ``index``) inside the pod netns: loopback and the interface up, then the addresses,
-    the gateways' neighbour entries, then the routes."""
-    try:
-        set_link(nsr, LOOPBACK_INDEX, flags=IFF_UP, change=IFF_UP)
-    except NetlinkError as e:
-        raise nl_error(f"bring lo up in {netns}", e) from None
-    try:
-        set_link(nsr, index, flags=IFF_UP, change=IFF_UP)
-    except NetlinkError as e:
-        raise nl_error(f"bring {ifname} up in {netns}", e) from None
-    for ip in ips:
-        try:
-            add_addr(nsr, index, ip.address)
-        except NetlinkError as e:
-            raise nl_error(f"add address {ip.address} to {ifname} in {netns}", e) from None
-    for gw, mac in gateways:
-        try:
-            add_neighbour(nsr, index, gw, mac)
-        except NetlinkError as e:
-            raise nl_error(f"add neighbour {gw} lladdr {mac} to {ifname} in {netns}", e) from None
+    the gateways' neighbour entries, then the routes; all in one batch (the kernel runs them in this order), the error
+    naming the first step it refused (the caller's undo deletes the pair, and everything here with it)."""
+    steps: list[tuple[str, tuple[Message, int, int]]] = [
+        (f"bring lo up in {netns}", (link_msg(LOOPBACK_INDEX, flags=IFF_UP, change=IFF_UP), RTM_NEWLINK, 0)),
+        (f"bring {ifname} up in {netns}", (link_msg(index, flags=IFF_UP, change=IFF_UP), RTM_NEWLINK, 0)),
+    ]
+    steps += [
+        (f"add address {ip.address} to {ifname} in {netns}", (addr_msg(index, ip.address), RTM_NEWADDR, CREATE))
+        for ip in ips
+    ]
+    steps += [
+        (f"add neighbour {gw} lladdr {mac} to {ifname} in {netns}", (neigh_msg(index, gw, mac), RTM_NEWNEIGH, CREATE))
+        for gw, mac in gateways
+    ]
     onlink = {gw for gw, _ in gateways}
     for route in routes:
-        try:
-            add_route(nsr, route, index, onlink=route.gw in onlink)
-        except NetlinkError as e:
+        via = f" via {route.gw}" if route.gw is not None else ""
+        request = (route_msg(route, index, onlink=route.gw in onlink), RTM_NEWROUTE, CREATE)
+        steps.append((f"add route {route.dst}{via} dev {ifname} in {netns}", request))
+    try:
+        nsr.ack_batch([request for _, request in steps])
+    except NetlinkError as e:
+        what, (_, msg_type, _) = steps[e.index]
+        if msg_type == RTM_NEWROUTE and e.code == errno.EEXIST:
+            route = routes[e.index - (len(steps) - len(routes))]
             via = f" via {route.gw}" if route.gw is not None else ""
-            if e.code == errno.EEXIST:
-                raise CniError(
-                    DATAPLANE, details=f"route {route.dst}{via} in {netns}: a route to {route.dst} already exists"
-                ) from None
-            raise nl_error(f"add route {route.dst}{via} dev {ifname} in {netns}", e) from None
+            raise CniError(
+                DATAPLANE, details=f"route {route.dst}{via} in {netns}: a route to {route.dst} already exists"
+            ) from None
+        raise nl_error(what, e) from None

@@ -9,10 +9,12 @@ fails (``pop_all()`` on success):
    ``accept_dad=0`` on the host end;
 4. from inside the pod netns: a netlink socket there, the index of ``ifname``, and ``accept_dad=0`` on it when IPv6 is
    used;
-5. the host port: hairpin, VLAN (bridge only), alias, up;
-6. the pod side: loopback, addresses, up, (routed: the gateways' neighbour entries,) routes (:mod:`addrs`) — undone
-   with the pair;
-7. routed: a host route to each pod address on the host end — undone with the pair;
+5. bridge: the host port: hairpin, VLAN, alias, up;
+6. the pod side: loopback, addresses, up, (routed: the gateways' neighbour entries,) routes, in one batch
+   (:mod:`addrs`) — undone with the pair;
+7. routed: the host end's alias and up and a host route to each pod address through it, in one batch
+   (:func:`routed.bring_up`) — undone with the pair; the network's bridge, if one is left from the bridge datapath,
+   answers for the pod (:mod:`routed`);
 8. forwarding sysctls on the host (``isGateway``; always when routed);
 9. masquerade rules (``ipMasq``, :mod:`masq`) — undo: delete the attachment's rules.
 
@@ -77,14 +79,14 @@ def add(
             masquerade = conf.ip_masq and bool(ips)
             with socket_in(nsfd, netns, inside_pod) as nsr:
                 alias = names.alias(conf.name, container_id, ifname, masquerade)
-                host_index = configure_host_port(nl, conf, host_name, alias)
                 if conf.routed:
                     gateways = routed.gateways(families, host_iface.mac)
                     configure_pod(nsr, netns, ifname, pod_index[0], routed.host_ips(ips), routes, gateways)
                 else:
+                    configure_host_port(nl, conf, host_name, alias)
                     configure_pod(nsr, netns, ifname, pod_index[0], ips, routes)
             if conf.routed:
-                routed.add_host_routes(nl, host_name, host_index, ips)
+                routed.bring_up(nl, host_name, index_of(host_name), alias, ips)
                 answered = routed.answer_on_bridge(nl, conf.bridge, ips)
                 undo.callback(quietly, routed.forget_on_bridge, nl, conf.bridge, answered)
             if conf.is_gateway or conf.routed:

@@ -311,11 +311,6 @@ def neigh_msg(index: int, ip: Any, mac: str = "", proxy: bool = False) -> NeighM
     return msg
 
 
-def add_neighbour(nl: Rtnl, index: int, ip: Any, mac: str) -> None:
-    """A permanent neighbour entry ``ip`` -> ``mac`` on link ``index`` (never resolved, never expires)."""
-    nl.ack(neigh_msg(index, ip, mac), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_EXCL)
-
-
 def add_proxy(nl: Rtnl, index: int, ip: Any) -> None:
     """Link ``index`` answers neighbour solicitations for ``ip`` (an existing entry is kept)."""
     nl.ack(neigh_msg(index, ip, proxy=True), RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE)

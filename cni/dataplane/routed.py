@@ -34,24 +34,29 @@ from typing import Any
 
 from cni import datapath
 from cni.dataplane import sysctl
+from cni.dataplane.addrs import CREATE
+from cni.dataplane.messages import Message
 from cni.dataplane.names import BRIDGE_ALIAS
 from cni.dataplane.nl import (
     AF_INET,
     AF_INET6,
+    IFF_UP,
     NUD_PERMANENT,
     RT_TABLE_MAIN,
     NetlinkError,
     Rtnl,
     add_proxy,
-    add_route,
     del_proxy,
     get_link,
     link_kind,
+    link_msg,
     neighbours,
     nl_error,
     proxies,
+    route_msg,
     routes,
 )
+from cni.dataplane.rtnl import RTM_NEWLINK, RTM_NEWROUTE
 from cni.errors import DATAPLANE, CniError, quietly
 from cni.types import IPConfig, Route
 
@@ -71,19 +76,26 @@ def before_up(host_name: str, families: set[int]) -> None:
         sysctl.ensure(sysctl.conf_key(6, host_name, "accept_dad"), "0", missing_ok=True)
 
 
-def add_host_routes(nl: Rtnl, host_name: str, index: int, ips: Sequence[IPConfig]) -> None:
-    """A host route to each pod address through the host-side veth (they vanish with it)."""
-    for ip in host_ips(ips):
-        try:
-            add_route(nl, Route(ip.address.network), index)
-        except NetlinkError as e:
-            if e.code == errno.EEXIST:
-                raise CniError(
-                    DATAPLANE,
-                    details=f"route {ip.address.network}: the node already routes this pod address elsewhere "
-                    f"(`ip route show {ip.address.ip}`)",
-                ) from None
-            raise nl_error(f"add route {ip.address.network} dev {host_name}", e) from None
+def bring_up(nl: Rtnl, host_name: str, index: int, alias: str, ips: Sequence[IPConfig]) -> None:
+    """The host-side veth's alias and up, then a host route to each pod address through it (they vanish with it):
+    one batch."""
+    requests: list[tuple[Message, int, int]] = [
+        (link_msg(index, [("IFLA_IFALIAS", alias)], flags=IFF_UP, change=IFF_UP), RTM_NEWLINK, 0)
+    ]
+    requests += [(route_msg(Route(ip.address.network), index), RTM_NEWROUTE, CREATE) for ip in host_ips(ips)]
+    try:
+        nl.ack_batch(requests)
+    except NetlinkError as e:
+        if not e.index:
+            raise nl_error(f"bring {host_name} up", e) from None
+        network = host_ips(ips)[e.index - 1].address.network
+        if e.code == errno.EEXIST:
+            raise CniError(
+                DATAPLANE,
+                details=f"route {network}: the node already routes this pod address elsewhere "
+                f"(`ip route show {network.network_address}`)",
+            ) from None
+        raise nl_error(f"add route {network} dev {host_name}", e) from None
 
 
 def check_host(nl: Rtnl, host_name: str, index: int, ips: Sequence[IPConfig]) -> str:

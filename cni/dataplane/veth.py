@@ -74,15 +74,16 @@ def index_of(name: str) -> int:
         raise CniError(DATAPLANE, details=f"interface {name} vanished right after it was created: {e}") from None
 
 
-def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) -> int:
-    """Hairpin and VLAN on the bridge port (not routed), then the alias and up in one request; the link's index."""
+def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) -> None:
+    """The bridge port: hairpin and VLAN, then the alias and up in one request (the routed datapath's host end:
+    :func:`cni.dataplane.routed.bring_up`)."""
     index = index_of(host_name)
-    if conf.hairpin_mode and not conf.routed:
+    if conf.hairpin_mode:
         try:
             set_link(nl, index, [linkinfo(slave_kind="bridge", slave_data=[("IFLA_BRPORT_MODE", 1)])])
         except NetlinkError as e:
             raise nl_error(f"turn on hairpin mode on bridge port {host_name}", e) from None
-    if conf.vlan and not conf.routed:
+    if conf.vlan:
         try:
             add_port_vlan(nl, index, conf.vlan)
             if conf.vlan != 1:  # the default VLAN every new port starts in
@@ -93,7 +94,6 @@ def configure_host_port(nl: Rtnl, conf: BridgeConf, host_name: str, alias: str) 
         set_link(nl, index, [("IFLA_IFALIAS", alias)], flags=IFF_UP, change=IFF_UP)
     except NetlinkError as e:
         raise nl_error(f"bring {host_name} up", e) from None
-    return index
 
 
 def delete_host_end(nl: Rtnl, host_name: str) -> bool:

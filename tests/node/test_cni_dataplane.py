@@ -494,6 +494,32 @@ def test_rollback_when_a_route_fails_removes_the_rule_too(host: Host, pod: Calla
     _nothing_left(host, ns)
 
 
+def test_rollback_when_the_pod_already_has_the_route_names_it(host: Host, pod: Callable[[], str]) -> None:
+    """The pod side is one netlink batch: the error names the step the kernel refused, not the first or the last."""
+    ns = pod()
+    ip = datapath.with_routed_gateway(v4()) if host.conf().routed else v4()
+    twice = [*default_routes(ip), Route(ipaddress.ip_network("10.98.0.0/16")), *default_routes(ip)]
+    with pytest.raises(CniError) as e:
+        add(host, host.conf(ip_masq=True), ns, routes=twice)
+    assert e.value.code == DATAPLANE and e.value.details.endswith("a route to 0.0.0.0/0 already exists"), e.value
+    _nothing_left(host, ns)
+
+
+def test_a_routed_pod_address_the_node_routes_elsewhere_is_refused_and_undone(
+    routed_host: Host, pod: Callable[[], str]
+) -> None:
+    node, a, b = routed_host, pod(), pod()
+    add(node, node.conf(), a, cid="ca", ips=[v4(), v6()])
+    with pytest.raises(CniError) as e:  # the second pod's IPv6 host route collides with the first pod's
+        add(node, node.conf(), b, cid="cb", ips=[v4("10.77.0.6/24"), v6()])
+    assert e.value.code == DATAPLANE and "route fd77::5/128: the node already routes this pod address" in str(e.value)
+    assert node.link(names.host_veth_name("cb", "eth0")) is None
+    assert node.ip("route", "show", "10.77.0.6") == []  # its IPv4 host route went with its veth
+    first = names.host_veth_name("ca", "eth0")  # the first pod keeps its routes
+    assert [r["dev"] for r in node.ip("-6", "route", "show", "fd77::5")] == [first]
+    assert [r["dev"] for r in node.ip("route", "show", "10.77.0.5")] == [first]
+
+
 def test_vlan(bridge_host: Host, pod: Callable[[], str]) -> None:
     ns = pod()
     try:
