@@ -218,6 +218,10 @@ def test_the_agent_may_write_only_its_own_nodes_slices(cluster: Cluster, agent: 
             "resourceSliceCount": 1}, "devices": []}  # fmt: skip
     forged = {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
               "metadata": {"name": "forged"}, "spec": spec}  # fmt: skip
+    # the API server applies a new ValidatingAdmissionPolicy once its informer has it: a dry run (which admission
+    # judges all the same, storing nothing) until it is refused
+    dry_run = "/apis/resource.k8s.io/v1beta1/resourceslices?dryRun=All"
+    wait_for("the slice policy in force", lambda: as_agent.request("POST", dry_run, forged)[0] in (403, 422), HANG)
     try:
         status, doc = as_agent.request("POST", "/apis/resource.k8s.io/v1beta1/resourceslices", forged)
         assert status in (403, 422) and "may only write ResourceSlices of its own node" in json.dumps(doc), doc
