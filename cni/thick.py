@@ -22,15 +22,14 @@ waits for the answer; if the agent dies before answering the client reports code
 redoing half-done work. The netns travels by path (``CNI_NETNS``), which the agent resolves in the host's view.
 
 There is one client per language: :func:`call` here (the Python entry point, :mod:`cni.entry`) and the bundle's C
-launcher (``cni/launcher/fastpath.c``, its constants generated from this module); the server is the agent's plugin
-(:mod:`cni.plugin`), which uses :func:`parse_header`, :func:`parse_body`, :func:`routes_here` and
-:func:`encode_reply`. The launcher cannot read the config (it parses no JSON), so it asks the agent at its own socket
-(``$NODEPLUG_CNI_SOCKET``, else the one ``nodeplug install-cni`` recorded for the conflist it wrote in the file
-:data:`SOCKET_RECORD` of ``nodeplug.d/``, beside the bundles, else :data:`DEFAULT_SOCKET`) and the agent answers
-NOT_HERE for a config naming another;
-when its wait for ACK runs out it hands the open connection to the Python entry point (``NODEPLUG_CNI_AGENT_FD``,
-``NODEPLUG_CNI_AGENT_WAITED``), which waits out the rest of the config's ``agentTimeout`` on it: a stuck agent costs
-one wait, never two, and gets one request.
+launcher (``cni/launcher/fastpath.c``, its constants generated from this module); the server is the agent's
+(:mod:`cni.thickserver`, for :mod:`cni.plugin`), which uses :func:`parse_header`, :func:`parse_body`,
+:func:`routes_here` and :func:`encode_reply`. The launcher cannot read the config (it parses no JSON), so it asks the
+agent at its own socket (``$NODEPLUG_CNI_SOCKET``, else the one ``nodeplug install-cni`` recorded for the conflist it
+wrote in the file :data:`SOCKET_RECORD` of ``nodeplug.d/``, beside the bundles, else :data:`DEFAULT_SOCKET`) and the
+agent answers NOT_HERE for a config naming another; when its wait for ACK runs out it hands the open connection to the
+Python entry point (``NODEPLUG_CNI_AGENT_FD``, ``NODEPLUG_CNI_AGENT_WAITED``), which waits out the rest of the config's
+``agentTimeout`` on it: a stuck agent costs one wait, never two, and gets one request.
 
 Standard library only, and nothing is imported at module level: this is on the entry point's start-up path.
 """
