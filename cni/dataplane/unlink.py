@@ -19,7 +19,6 @@ ends once its system call returns, the kernel completing the deletion either way
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import select
@@ -28,46 +27,27 @@ import struct
 import threading
 import time
 
+from cni.dataplane import sockfilter
 from cni.dataplane.nl import delete_link, host_socket, nl_error
 from cni.dataplane.rtnl import RTM_DELLINK, TIMEOUT, NetlinkError, parse
 
 RTMGRP_LINK = 1
-SO_ATTACH_FILTER = 26
 _IFINDEX = struct.Struct("=i")
 _IFINDEX_OFFSET = 16 + 4  # nlmsghdr, then ifinfomsg's family, pad and type
-_TYPE_OFFSET = 4  # nlmsghdr's type, after its length
-_BPF = struct.Struct("=HBBI")  # struct sock_filter: code, jump if true, jump if false, k
-_LDH, _LDW, _JEQ, _RET = (
-    0x28,
-    0x20,
-    0x15,
-    0x06,
-)  # BPF_LD|BPF_H|BPF_ABS, BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...
 
 
-def _only_the_deletion_of(watch: socket.socket, index: int) -> None:
-    """A socket filter on ``watch``: of the node's link events, only link ``index``'s RTM_DELLINK wakes the thread
-    waiting on it (every DEL in flight has such a socket, and each ADD and DEL sends several link events: unfiltered,
-    twenty DELs at once woke one another hundreds of times). Classic BPF loads in network byte order and netlink is in
-    the host's, hence the constants' bytes read big-endian. Unfiltered where the kernel refuses (the caller checks
-    each event anyway)."""
-    want_type = int.from_bytes(struct.pack("=H", RTM_DELLINK), "big")
-    want_index = int.from_bytes(_IFINDEX.pack(index), "big")
-    program = b"".join(
-        _BPF.pack(*insn)
-        for insn in (
-            (_LDH, 0, 0, _TYPE_OFFSET),
-            (_JEQ, 0, 3, want_type),  # not a deletion: to the last instruction (drop)
-            (_LDW, 0, 0, _IFINDEX_OFFSET),
-            (_JEQ, 0, 1, want_index),
-            (_RET, 0, 0, 0xFFFFFFFF),  # keep the whole message
-            (_RET, 0, 0, 0),  # drop it
-        )
-    )
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HL", len(program) // _BPF.size, ctypes.addressof(buf))  # struct sock_fprog
-    with contextlib.suppress(OSError):
-        watch.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+def _only_the_deletion_of(index: int) -> list[sockfilter.Insn]:
+    """A socket filter: of the node's link events, only link ``index``'s RTM_DELLINK wakes the thread waiting on it
+    (every DEL in flight has such a socket, and each ADD and DEL sends several link events: unfiltered, twenty DELs
+    at once woke one another hundreds of times)."""
+    return [
+        (sockfilter.LDH, 0, 0, sockfilter.TYPE_OFFSET),
+        (sockfilter.JEQ, 0, 3, sockfilter.host_u16(RTM_DELLINK)),  # not a deletion: on to DROP
+        (sockfilter.LDW, 0, 0, _IFINDEX_OFFSET),
+        (sockfilter.JEQ, 0, 1, sockfilter.host_u32(index, signed=True)),
+        sockfilter.KEEP,
+        sockfilter.DROP,
+    ]
 
 
 def delete_pair(name: str, index: int) -> bool:
@@ -91,7 +71,7 @@ def delete_pair(name: str, index: int) -> bool:
 
     started = False
     try:
-        _only_the_deletion_of(watch, index)  # before it joins the group: no event gets in unfiltered
+        sockfilter.attach(watch, _only_the_deletion_of(index))  # before it joins the group
         watch.bind((0, RTMGRP_LINK))
         threading.Thread(target=run, name=f"nodeplug-cni-unlink-{name}").start()
         started = True
