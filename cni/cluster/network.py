@@ -6,9 +6,11 @@ dirty and one reconciler task brings the kernel in line on a thread of its own (
 costs a few netlink requests however many Nodes there are. Events that arrive while a pass runs are folded into
 the next one. A full pass, which reads the kernel back and repairs any drift (an entry deleted or changed by
 someone else, a stale entry from an earlier run), runs after every complete list from the API server, every
-``resync_seconds``, and soon after a pass the kernel refused part of (2 s, doubled each time up to the resync):
-whatever made the kernel refuse, an interface's IPv6 switched off for instance, may have flushed entries that
-had landed too.
+``resync_seconds``, as soon as the kernel announces a change that may have undone some of it (a route of ours
+deleted, a device down or gone, an FDB entry removed: :mod:`cni.cluster.drift`; at most one such pass every
+:data:`DRIFT_SPACING` seconds), and soon after a pass the kernel refused part of (2 s, doubled each time up to the
+resync): whatever made the kernel refuse, an interface's IPv6 switched off for instance, may have flushed entries
+that had landed too.
 
 Until the first complete list the kernel is not touched: routes, FDB and neighbour entries from an earlier run
 keep carrying traffic while the agent restarts or the API server is away, and the subnets file from the last run
@@ -41,7 +43,7 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Node
 
-from cni.cluster import apiserver, kernel, masq, offload, teardown, uninstall
+from cni.cluster import apiserver, drift, kernel, masq, offload, teardown, uninstall
 from cni.cluster.config import ClusterConfig
 from cni.cluster.findings import Findings, Metrics, Outcome
 from cni.cluster.model import (
@@ -69,6 +71,7 @@ CURE = (
 )
 
 
+DRIFT_SPACING = 0.5  # seconds between two full passes asked for by kernel events (a flapping device)
 RETRY_SECONDS = 2.0  # the first retry of a pass the kernel refused part of; doubled each time, up to the resync
 
 
@@ -110,6 +113,9 @@ class ClusterNetwork:
         self.api_addresses: tuple[IPAddress, ...] = ()  # where the API server is, as this agent reaches it
         self.withdrawn: dict[IPNetwork, str] = {}  # our routes taken away because the API server's path ran there
         self._follower: asyncio.Task[None] | None = None
+        self._drift: drift.DriftWatch | None = None
+        self._drift_at = -DRIFT_SPACING  # when kernel events last asked for a full pass
+        self._drift_timer: asyncio.TimerHandle | None = None
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
         self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
@@ -128,6 +134,8 @@ class ClusterNetwork:
         except SubnetsError as e:
             self.log.warning("ignoring the subnets file of an earlier run", error=str(e))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cluster-net")
+        self._drift = drift.DriftWatch(self.cfg.route_protocol)
+        asyncio.get_running_loop().add_reader(self._drift.fileno(), self._kernel_changed)
         self._follower = asyncio.create_task(self._follow(), name="cluster-watch")
         self._tasks = [
             asyncio.create_task(self._reconcile_loop(), name="cluster-reconcile"),
@@ -146,6 +154,13 @@ class ClusterNetwork:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks, self._follower = [], None
+        if self._drift is not None:
+            asyncio.get_running_loop().remove_reader(self._drift.fileno())
+            self._drift.close()
+            self._drift = None
+        if self._drift_timer is not None:
+            self._drift_timer.cancel()
+            self._drift_timer = None
         if self._pool is not None:
             loop = asyncio.get_running_loop()
             if self._nl is not None:
@@ -158,6 +173,27 @@ class ClusterNetwork:
             self._pool.shutdown(wait=False)
             self._pool = None
         self.lock.release()
+
+    # ------------------------------------------------------------ following the kernel
+
+    def _kernel_changed(self) -> None:
+        """Kernel events arrived (:mod:`cni.cluster.drift`): a full pass now, or once :data:`DRIFT_SPACING` has
+        passed since the last one they asked for."""
+        assert self._drift is not None
+        try:
+            why = self._drift.read()
+        except OSError as e:
+            why = f"kernel events unreadable: {e}"
+        if not why or self._drift_timer is not None:
+            return
+        self.log.debug("cluster network: the kernel changed; a full pass follows", reason=why)
+        loop = asyncio.get_running_loop()
+        self._drift_timer = loop.call_at(max(loop.time(), self._drift_at + DRIFT_SPACING), self._drift_pass)
+
+    def _drift_pass(self) -> None:
+        self._drift_timer = None
+        self._drift_at = asyncio.get_running_loop().time()
+        self._dirty_full()
 
     # ------------------------------------------------------------ following the API
 

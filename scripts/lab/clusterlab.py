@@ -65,12 +65,12 @@ class Node:
     def subnets_file(self) -> Path:
         return self.root / "var/lib/nodeplug/cluster/subnets.json"
 
-    def write_config(self, mode: str = "auto", extra: str = "") -> None:
+    def write_config(self, mode: str = "auto", extra: str = "", resync: int = 30) -> None:
         self.mode = mode
         self.config.write_text(
             "http:\n  address: 127.0.0.1:9450\nshutdown_grace_seconds: 2\nlog_level: debug\n"
             "deviceplugin:\n  enabled: false\ncsi:\n  enabled: false\n"
-            f"cni:\n  workers: 4\ncluster_network:\n  mode: {mode}\n  resync_seconds: 30\n"
+            f"cni:\n  workers: 4\ncluster_network:\n  mode: {mode}\n  resync_seconds: {resync}\n"
             "  cluster_cidrs: [10.244.0.0/16, fd44::/48]\n" + extra
         )
 

@@ -194,8 +194,8 @@ def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
     )  # fmt: skip
     line = next(x for x in out.splitlines() if "peer pod subnets" in x)
     assert " OK " in line and "direct 4" in line and "vxlan 2" in line, out
-    # a route removed behind the agent's back: the doctor says which (before the agent's resync repairs it)
-    n1.ns.ip("route", "del", "10.244.2.0/24", "proto", "110")
+    # a route of ours taken over behind the agent's back (it leaves routes it does not own alone): the doctor says which
+    n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "static")
     try:
         out = n1.ns.exec(
             sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(n1.config), "--root",
@@ -205,6 +205,56 @@ def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
         assert " FAIL " in line and "node-2" in line and "10.244.2.0/24" in line, out
     finally:
         n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "110")
+
+
+def full_passes(node: Node) -> float:
+    line = next((x for x in node.http("/metrics")[1].splitlines()
+                 if x.startswith('nodeplug_cluster_reconcile_seconds_count{kind="full"}')), "")  # fmt: skip
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_what_undoes_the_network_behind_the_agents_back_is_repaired_without_waiting_for_the_resync(lab: Lab) -> None:
+    """A route of ours deleted by hand, an FDB entry removed, the underlay going down and up (the kernel drops every
+    IPv4 route through it and tells nobody): each is back although the next resync is an hour away."""
+    n1, n2, n4 = lab.nodes[0], lab.nodes[1], lab.nodes[3]
+    started = n1.log_tail(10**9).count("following Node objects")
+    try:
+        n1.write_config(resync=3600)  # a changed section restarts the service: an hour to its next resync
+        wait_for("the service restarted", lambda: n1.log_tail(10**9).count("following Node objects") > started,
+                 timeout=HANG)  # fmt: skip
+        passes = full_passes(n1)
+        wait_for("its first full pass", lambda: full_passes(n1) > passes, timeout=HANG)
+        want4, want6, want_fdb = routes(n1, 4), routes(n1, 6), fdb(n1)
+        assert n2.pod4 in want4 and n4.pod4 in want4 and want_fdb
+
+        n1.ns.ip("route", "del", n2.pod4, "proto", "110")
+        n1.ns.ip("-6", "route", "del", n2.pod6, "proto", "110")
+        wait_for("the deleted routes back", lambda: routes(n1, 4) == want4 and routes(n1, 6) == want6, timeout=HANG)
+
+        mac, dst = next(iter(want_fdb.items()))
+        n1.ns.exec("bridge", "fdb", "del", mac, "dev", "nodeplug.vx", "dst", dst)
+        wait_for("the FDB entry back", lambda: fdb(n1) == want_fdb, timeout=HANG)
+
+        # IPv6 addresses are kept over the flap (by default the kernel drops them with the link, and with them this
+        # node's IPv6 InternalIP: its agent would then rightly route the peers' IPv6 subnets another way)
+        n1.ns.exec("sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1")
+        lab_routes = [(v, line) for v in (4, 6) for line in n1.ns.ip(f"-{v}", "route", "show", "default").splitlines()]
+        n1.ns.ip("link", "set", "eth0", "down")
+        wait_for("the kernel dropped the routes through eth0", lambda: n2.pod4 not in routes(n1, 4), timeout=HANG)
+        n1.ns.ip("link", "set", "eth0", "up")
+        for v, line in lab_routes:  # the node's own way out, the lab's (its network manager would put it back)
+            n1.ns.ip(f"-{v}", "route", "replace", *line.split())
+        wait_for("every route back after the underlay came up",
+                 lambda: routes(n1, 4) == want4 and routes(n1, 6) == want6 and fdb(n1) == want_fdb,
+                 timeout=HANG)  # fmt: skip
+        assert all_pairs_connected(lab, "routed") == []
+    finally:
+        n1.ns.ip("link", "set", "eth0", "up")
+        n1.ns.exec("sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=0")
+        n1.write_config()
+        wait_for("back to the usual resync", lambda: n1.log_tail(10**9).count("following Node objects") > started + 1,
+                 timeout=HANG)  # fmt: skip
+        n1.wait_ready()
 
 
 @pytest.mark.parametrize("datapath", ["bridge", "routed"])

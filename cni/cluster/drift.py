@@ -1,0 +1,116 @@
+"""Kernel changes that undo the cluster network, seen as they happen.
+
+A full pass (:mod:`cni.cluster.network`) repairs any drift, but it ran only every ``resync_seconds``: a route of ours
+deleted by hand (``ip route flush``), an FDB entry removed, or the kernel's own removal of every IPv4 route through a
+device that went down (which it announces to nobody) left the node without its way to a peer's pods for up to that
+long. :class:`DriftWatch` listens in the agent's netns for what can cause it and asks for a full pass at once:
+
+- ``RTM_DELROUTE`` of a route carrying the agent's protocol;
+- ``RTM_NEWLINK`` / ``RTM_DELLINK`` of any device but a pod's host-side veth (``veth`` + hex digits: they come and go
+  with every pod): a device going down or up, renamed or gone, the underlay the routes leave by or the VXLAN device;
+- ``RTM_DELNEIGH`` of an FDB or neighbour entry on the VXLAN device.
+
+A socket filter (:mod:`cni.dataplane.sockfilter`) keeps every other event (route and neighbour additions, the
+neighbour cache's churn) from waking the event loop. Events that arrive while a pass runs fold into the next one;
+the passes' own deletions of stale routes come back as events too and cost one more full pass, which finds nothing
+left to do. A listener that falls behind (ENOBUFS: events were lost) asks for a full pass as well.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from collections.abc import Callable
+
+from cni.cluster import kernel
+from cni.dataplane import sockfilter
+from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, parse
+
+RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x1, 0x4, 0x40, 0x400
+_HDR = 16
+_RTM_PROTOCOL = _HDR + 5  # rtmsg: family, dst_len, src_len, tos, table, protocol, ...
+_IFINFO = struct.Struct("=BBHiII")  # ifinfomsg: family, pad, type, index, flags, change
+_NDMSG_IFINDEX = struct.Struct("=i")  # ndmsg: family, pad, pad (u16), then ifindex
+_RTA = struct.Struct("=HH")
+IFLA_IFNAME = 3
+_RECV = 1 << 16
+
+
+def _ifname(data: memoryview) -> str:
+    offset = _HDR + _IFINFO.size
+    while offset + _RTA.size <= len(data):
+        length, kind = _RTA.unpack_from(data, offset)
+        if length < _RTA.size or offset + length > len(data):
+            break
+        if kind == IFLA_IFNAME:
+            return bytes(data[offset + _RTA.size : offset + length]).split(b"\0", 1)[0].decode(errors="replace")
+        offset += (length + 3) & ~3
+    return ""
+
+
+def _pod_veth(name: str) -> bool:
+    return len(name) == 12 and name.startswith("veth") and all(c in "0123456789abcdef" for c in name[4:])
+
+
+def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], int | None]) -> str:
+    """Why the events in ``data`` (one datagram) call for a full pass, or "" when none does."""
+    for msg_type, _, _, msg in parse(data):
+        if msg_type == RTM_DELROUTE and len(msg) > _RTM_PROTOCOL and msg[_RTM_PROTOCOL] == protocol:
+            return "a route of ours was deleted"
+        if msg_type in (RTM_NEWLINK, RTM_DELLINK) and len(msg) >= _HDR + _IFINFO.size:
+            name = _ifname(msg)
+            if not _pod_veth(name):
+                return f"device {name or '?'} {'changed' if msg_type == RTM_NEWLINK else 'was deleted'}"
+        if msg_type == RTM_DELNEIGH and len(msg) >= _HDR + 4 + _NDMSG_IFINDEX.size:
+            index = _NDMSG_IFINDEX.unpack_from(msg, _HDR + 4)[0]
+            if index == vxlan_index():
+                return f"an FDB or neighbour entry on {kernel.VXLAN_DEVICE} was deleted"
+    return ""
+
+
+def _vxlan_index() -> int | None:
+    try:
+        return socket.if_nametoindex(kernel.VXLAN_DEVICE)
+    except OSError:
+        return None
+
+
+class DriftWatch:
+    """A non-blocking netlink listener in the calling thread's netns; :meth:`read` drains it."""
+
+    def __init__(self, protocol: int) -> None:
+        self.protocol = protocol
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        try:
+            sockfilter.attach(sock, sockfilter.types_only([RTM_DELROUTE, RTM_NEWLINK, RTM_DELLINK, RTM_DELNEIGH]))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            sock.bind((0, RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> str:
+        """Every event queued now: why a full pass is needed, or "" (the first reason found is given)."""
+        why = ""
+        while True:
+            try:
+                data = self.sock.recv(_RECV)
+            except BlockingIOError:
+                return why
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                why = why or "kernel events were lost (the listener fell behind)"
+                continue
+            if not data:
+                return why
+            why = why or drift_in(data, self.protocol, _vxlan_index)
+
+    def close(self) -> None:
+        self.sock.close()
