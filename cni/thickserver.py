@@ -5,8 +5,9 @@ One thread accepts; each connection then goes to a pool thread that reads the re
 NAK with the error for a request larger than ``max_request_bytes``), waits for GO, runs the invocation through the
 ``run`` callable it was given and writes the answer. Reading the request and waiting for GO are each bounded by
 ``handshake_timeout``, so a client that stalls holds its thread for at most that long; at most ``connections``
-connections are served at once and later ones wait in the accept queue (their clients do the work themselves once
-their wait for ACK runs out). How many invocations *run* at once is the caller's business (:mod:`cni.plugin`).
+connections are served at once and later ones, accepted, wait for a thread (their clients do the work themselves once
+their wait for ACK runs out, and the agent runs nothing it has no GO for). How many invocations *run* at once is the
+caller's business (:mod:`cni.plugin`).
 
 Why threads and not the agent's event loop: the command runs on a thread anyway, and serving the framing on the loop
 handed each request back and forth between the loop and a worker five times (accept, request, ACK, GO, answer), each

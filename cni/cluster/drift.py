@@ -6,8 +6,9 @@ device that went down (which it announces to nobody) left the node without its w
 long. :class:`DriftWatch` listens in the agent's netns for what can cause it and asks for a full pass at once:
 
 - ``RTM_DELROUTE`` of a route carrying the agent's protocol;
-- ``RTM_NEWLINK`` / ``RTM_DELLINK`` of any device but a pod's host-side veth (``veth`` + hex digits: they come and go
-  with every pod): a device going down or up, renamed or gone, the underlay the routes leave by or the VXLAN device;
+- ``RTM_NEWLINK`` / ``RTM_DELLINK`` of any device but the pods' own (a host-side veth, ``veth`` + hex digits, and
+  the pod bridge, both marked by their alias as nodeplug's: they change with every pod's ADD and DEL): a device going
+  down or up, renamed or gone, the underlay the routes leave by or the VXLAN device;
 - ``RTM_DELNEIGH`` of an FDB or neighbour entry on the VXLAN device.
 
 A socket filter (:mod:`cni.dataplane.sockfilter`) keeps every other event (route and neighbour additions, the
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 from cni.cluster import kernel
 from cni.dataplane import sockfilter
+from cni.dataplane.names import ALIAS_PREFIX
 from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, parse
 
 RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x1, 0x4, 0x40, 0x400
@@ -33,24 +35,29 @@ _RTM_PROTOCOL = _HDR + 5  # rtmsg: family, dst_len, src_len, tos, table, protoco
 _IFINFO = struct.Struct("=BBHiII")  # ifinfomsg: family, pad, type, index, flags, change
 _NDMSG_IFINDEX = struct.Struct("=i")  # ndmsg: family, pad, pad (u16), then ifindex
 _RTA = struct.Struct("=HH")
-IFLA_IFNAME = 3
+IFLA_IFNAME, IFLA_IFALIAS = 3, 20
 _RECV = 1 << 16
 
 
-def _ifname(data: memoryview) -> str:
+def _names(data: memoryview | bytes) -> dict[int, str]:
+    """A link message's name and alias attributes."""
+    out: dict[int, str] = {}
     offset = _HDR + _IFINFO.size
     while offset + _RTA.size <= len(data):
         length, kind = _RTA.unpack_from(data, offset)
         if length < _RTA.size or offset + length > len(data):
             break
-        if kind == IFLA_IFNAME:
-            return bytes(data[offset + _RTA.size : offset + length]).split(b"\0", 1)[0].decode(errors="replace")
+        if kind in (IFLA_IFNAME, IFLA_IFALIAS):
+            out[kind] = bytes(data[offset + _RTA.size : offset + length]).split(b"\0", 1)[0].decode(errors="replace")
         offset += (length + 3) & ~3
-    return ""
+    return out
 
 
-def _pod_veth(name: str) -> bool:
-    return len(name) == 12 and name.startswith("veth") and all(c in "0123456789abcdef" for c in name[4:])
+def _pods_own(name: str, alias: str) -> bool:
+    """A pod's host-side veth or the pod bridge (each carries an alias of nodeplug's)."""
+    if name.startswith("veth") and len(name) == 12 and all(c in "0123456789abcdef" for c in name[4:]):
+        return True
+    return alias.startswith(ALIAS_PREFIX)  # the pod bridge's too (names.BRIDGE_ALIAS)
 
 
 def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], int | None]) -> str:
@@ -59,8 +66,9 @@ def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], 
         if msg_type == RTM_DELROUTE and len(msg) > _RTM_PROTOCOL and msg[_RTM_PROTOCOL] == protocol:
             return "a route of ours was deleted"
         if msg_type in (RTM_NEWLINK, RTM_DELLINK) and len(msg) >= _HDR + _IFINFO.size:
-            name = _ifname(msg)
-            if not _pod_veth(name):
+            names = _names(msg)
+            name = names.get(IFLA_IFNAME, "")
+            if not _pods_own(name, names.get(IFLA_IFALIAS, "")):
                 return f"device {name or '?'} {'changed' if msg_type == RTM_NEWLINK else 'was deleted'}"
         if msg_type == RTM_DELNEIGH and len(msg) >= _HDR + 4 + _NDMSG_IFINDEX.size:
             index = _NDMSG_IFINDEX.unpack_from(msg, _HDR + 4)[0]

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cni.cluster.drift import drift_in
+from cni.dataplane.names import BRIDGE_ALIAS
 from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, RTM_NEWROUTE
 
 PROTO = 110
@@ -23,10 +24,14 @@ def route(msg_type: int, protocol: int) -> bytes:
     return message(msg_type, struct.pack("=BBBBBBBBI", 2, 24, 0, 0, 254, protocol, 0, 1, 0))
 
 
-def link(msg_type: int, name: str) -> bytes:
-    raw = name.encode() + b"\0"
-    attr = struct.pack("=HH", 4 + len(raw), 3) + raw
-    return message(msg_type, struct.pack("=BBHiII", 0, 0, 1, 7, 0, 0) + attr)
+def attr(kind: int, text: str) -> bytes:
+    raw = text.encode() + b"\0"
+    return struct.pack("=HH", 4 + len(raw), kind) + raw + b"\0" * (-len(raw) % 4)
+
+
+def link(msg_type: int, name: str, alias: str = "") -> bytes:
+    attrs = attr(3, name) + (attr(20, alias) if alias else b"")
+    return message(msg_type, struct.pack("=BBHiII", 0, 0, 1, 7, 0, 0) + attrs)
 
 
 def neigh(msg_type: int, ifindex: int) -> bytes:
@@ -45,6 +50,10 @@ def test_devices_but_pod_veths_call_for_a_pass() -> None:
         assert drift_in(link(msg_type, "nodeplug.vx"), PROTO, lambda: None)
         assert not drift_in(link(msg_type, "veth0123abcd"), PROTO, lambda: None)  # a pod's, with every ADD and DEL
     assert drift_in(link(RTM_NEWLINK, "vethernet"), PROTO, lambda: None)  # not a pod veth's name
+    # the pod bridge and a pod's veth, whatever their names, changing as pods come and go
+    assert not drift_in(link(RTM_NEWLINK, "cni0", BRIDGE_ALIAS), PROTO, lambda: None)
+    assert not drift_in(link(RTM_NEWLINK, "p1", "nodeplug kubenet eth0 c1 +nomasq"), PROTO, lambda: None)
+    assert drift_in(link(RTM_NEWLINK, "br0", "uplink"), PROTO, lambda: None)
 
 
 def test_an_entry_deleted_on_the_vxlan_device_calls_for_a_pass() -> None:
