@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from cni.dataplane.messages import Message
-from cni.dataplane.nl import IFF_UP, NetlinkError, Rtnl, addr_msg, link_msg, neigh_msg, nl_error, route_msg
-from cni.dataplane.rtnl import NLM_F_CREATE, NLM_F_EXCL, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWNEIGH, RTM_NEWROUTE
+from cni.dataplane.nl import CREATE, IFF_UP, NetlinkError, Rtnl, addr_msg, link_msg, neigh_msg, nl_error, route_msg
+from cni.dataplane.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWNEIGH, RTM_NEWROUTE
 from cni.errors import DATAPLANE, CniError
 from cni.types import IPConfig, Route
 
-CREATE = NLM_F_CREATE | NLM_F_EXCL  # an add: refused (EEXIST) when the object is already there
 LOOPBACK_INDEX = 1  # the kernel registers lo first in every netns, as index 1 (LOOPBACK_IFINDEX)
 
 

@@ -55,6 +55,7 @@ RT_TABLE_MAIN = 254
 RTNH_F_ONLINK = 4  # the gateway is on the link, whatever the link's addresses say
 NUD_PERMANENT = 0x80
 NTF_PROXY = 0x08  # a proxy neighbour entry: the kernel answers neighbour solicitations for the address
+CREATE = NLM_F_CREATE | NLM_F_EXCL  # an add: refused (EEXIST) when the object is already there
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
 
@@ -129,7 +130,7 @@ def link_msg(index: int = 0, attrs: Sequence[Attr] = (), flags: int = 0, change:
 
 def create_link(nl: Rtnl, attrs: Sequence[Attr]) -> None:
     """RTM_NEWLINK with CREATE|EXCL: NetlinkError EEXIST when the name is taken."""
-    nl.ack(link_msg(attrs=attrs), RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
+    nl.ack(link_msg(attrs=attrs), RTM_NEWLINK, CREATE)
 
 
 def set_link(nl: Rtnl, index: int, attrs: Sequence[Attr] = (), flags: int = 0, change: int = 0) -> None:
@@ -223,7 +224,7 @@ def addr_msg(index: int, iface: IPIface, for_add: bool = True) -> AddrMsg:
 
 def add_addr(nl: Rtnl, index: int, iface: IPIface) -> None:
     """Add ``iface`` to link ``index``: NetlinkError EEXIST when it is already there."""
-    nl.ack(addr_msg(index, iface), RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL)
+    nl.ack(addr_msg(index, iface), RTM_NEWADDR, CREATE)
 
 
 def del_addr(nl: Rtnl, index: int, iface: IPIface) -> None:
@@ -284,7 +285,7 @@ def route_msg(route: Route, index: int, onlink: bool = False) -> RouteMsg:
 
 def add_route(nl: Rtnl, route: Route, index: int, onlink: bool = False) -> None:
     """Add ``route``: NetlinkError EEXIST when the table already has a route to its destination."""
-    nl.ack(route_msg(route, index, onlink), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+    nl.ack(route_msg(route, index, onlink), RTM_NEWROUTE, CREATE)
 
 
 def routes(nl: Rtnl, family: int) -> list[RouteMsg]:

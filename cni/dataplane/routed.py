@@ -34,12 +34,12 @@ from typing import Any
 
 from cni import datapath
 from cni.dataplane import sysctl
-from cni.dataplane.addrs import CREATE
 from cni.dataplane.messages import Message
 from cni.dataplane.names import BRIDGE_ALIAS
 from cni.dataplane.nl import (
     AF_INET,
     AF_INET6,
+    CREATE,
     IFF_UP,
     NUD_PERMANENT,
     RT_TABLE_MAIN,
