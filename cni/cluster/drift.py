@@ -21,58 +21,40 @@ from __future__ import annotations
 
 import errno
 import socket
-import struct
 from collections.abc import Callable
 
-from cni.cluster import kernel
+from cni.cluster import kernel, rawnl
 from cni.dataplane import sockfilter
 from cni.dataplane.names import ALIAS_PREFIX
 from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, parse
 
 RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x1, 0x4, 0x40, 0x400
-_HDR = 16
-_RTM_PROTOCOL = _HDR + 5  # rtmsg: family, dst_len, src_len, tos, table, protocol, ...
-_IFINFO = struct.Struct("=BBHiII")  # ifinfomsg: family, pad, type, index, flags, change
-_NDMSG_IFINDEX = struct.Struct("=i")  # ndmsg: family, pad, pad (u16), then ifindex
-_RTA = struct.Struct("=HH")
-IFLA_IFNAME, IFLA_IFALIAS = 3, 20
 _RECV = 1 << 16
 
 
-def _names(data: memoryview | bytes) -> dict[int, str]:
-    """A link message's name and alias attributes."""
-    out: dict[int, str] = {}
-    offset = _HDR + _IFINFO.size
-    while offset + _RTA.size <= len(data):
-        length, kind = _RTA.unpack_from(data, offset)
-        if length < _RTA.size or offset + length > len(data):
-            break
-        if kind in (IFLA_IFNAME, IFLA_IFALIAS):
-            out[kind] = bytes(data[offset + _RTA.size : offset + length]).split(b"\0", 1)[0].decode(errors="replace")
-        offset += (length + 3) & ~3
-    return out
-
-
-def _pods_own(name: str, alias: str) -> bool:
+def _pods_own(link: rawnl.Link) -> bool:
     """A pod's host-side veth or the pod bridge (each carries an alias of nodeplug's)."""
+    name = link.name
     if name.startswith("veth") and len(name) == 12 and all(c in "0123456789abcdef" for c in name[4:]):
         return True
-    return alias.startswith(ALIAS_PREFIX)  # the pod bridge's too (names.BRIDGE_ALIAS)
+    return link.alias.startswith(ALIAS_PREFIX)  # the pod bridge's too (names.BRIDGE_ALIAS)
 
 
 def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], int | None]) -> str:
     """Why the events in ``data`` (one datagram) call for a full pass, or "" when none does."""
-    for msg_type, _, _, msg in parse(data):
-        if msg_type == RTM_DELROUTE and len(msg) > _RTM_PROTOCOL and msg[_RTM_PROTOCOL] == protocol:
-            return "a route of ours was deleted"
-        if msg_type in (RTM_NEWLINK, RTM_DELLINK) and len(msg) >= _HDR + _IFINFO.size:
-            names = _names(msg)
-            name = names.get(IFLA_IFNAME, "")
-            if not _pods_own(name, names.get(IFLA_IFALIAS, "")):
-                return f"device {name or '?'} {'changed' if msg_type == RTM_NEWLINK else 'was deleted'}"
-        if msg_type == RTM_DELNEIGH and len(msg) >= _HDR + 4 + _NDMSG_IFINDEX.size:
-            index = _NDMSG_IFINDEX.unpack_from(msg, _HDR + 4)[0]
-            if index == vxlan_index():
+    for msg_type, _, _, view in parse(data):
+        msg = bytes(view)
+        if msg_type == RTM_DELROUTE:
+            r = rawnl.route(msg)
+            if r is not None and r.protocol == protocol:
+                return "a route of ours was deleted"
+        elif msg_type in (RTM_NEWLINK, RTM_DELLINK):
+            link = rawnl.link(msg)
+            if link is not None and not _pods_own(link):
+                return f"device {link.name or '?'} {'changed' if msg_type == RTM_NEWLINK else 'was deleted'}"
+        elif msg_type == RTM_DELNEIGH:
+            n = rawnl.neighbour(msg)
+            if n is not None and n.ifindex == vxlan_index():
                 return f"an FDB or neighbour entry on {kernel.VXLAN_DEVICE} was deleted"
     return ""
 

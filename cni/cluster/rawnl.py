@@ -1,4 +1,5 @@
-"""The few fields of route and neighbour dump answers the cluster network reads, straight from the bytes.
+"""The few fields of route, neighbour and link messages the cluster network reads (dump answers, and the events
+:mod:`cni.cluster.drift` listens to), straight from the bytes.
 
 A full pass reads back every route of the agent's protocol and every FDB and neighbour entry on its VXLAN device:
 thousands with thousands of Nodes. Fully decoded messages (:mod:`cni.dataplane.messages`; pyroute2's, before them,
@@ -18,11 +19,13 @@ from cni.cluster.model import IPAddress
 _NLMSGHDR = 16
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _NDMSG = struct.Struct("=BBHiHBB")  # family, pad, pad, ifindex, state, flags, type
+_IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
 _RTA = struct.Struct("=HH")  # length, type
 _U32 = struct.Struct("=I")
 
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 NDA_DST, NDA_LLADDR = 1, 2
+IFLA_IFNAME, IFLA_IFALIAS = 3, 20
 
 
 def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
@@ -82,3 +85,22 @@ def neighbour(data: bytes) -> Neighbour | None:
     mac = a.get(NDA_LLADDR)
     lladdr = ":".join(f"{b:02x}" for b in mac) if mac is not None and len(mac) == 6 else None
     return Neighbour(family, ifindex, state, _address(a.get(NDA_DST)), lladdr)
+
+
+class Link(NamedTuple):
+    ifindex: int
+    name: str
+    alias: str
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace") if raw else ""
+
+
+def link(data: bytes) -> Link | None:
+    """A link message (netlink header included): its index, name and alias; None when too short to be one."""
+    if len(data) < _NLMSGHDR + _IFINFOMSG.size:
+        return None
+    _, _, _, index, _, _ = _IFINFOMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + _IFINFOMSG.size)
+    return Link(index, _text(a.get(IFLA_IFNAME)), _text(a.get(IFLA_IFALIAS)))
