@@ -66,12 +66,18 @@ class ThickServer:
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_socket(self.path)  # from a previous run: nobody can be serving it (we are the agent)
-        self._listener = _listening_socket(self.path)
-        self._pool = ThreadPoolExecutor(self.connections, thread_name_prefix="cni")
-        self._acceptor = threading.Thread(
-            target=self._accept_loop, args=(self._listener, self._pool), name="cni-accept", daemon=True
-        )
-        self._acceptor.start()
+        listener = _listening_socket(self.path)
+        pool = ThreadPoolExecutor(self.connections, thread_name_prefix="cni")
+        acceptor = threading.Thread(target=self._accept_loop, args=(listener, pool), name="cni-accept", daemon=True)
+        try:
+            acceptor.start()
+        except BaseException:  # no thread to serve it: no socket left behind that nobody answers
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            pool.shutdown(wait=False)
+            raise
+        self._listener, self._pool, self._acceptor = listener, pool, acceptor
 
     @property
     def serving(self) -> bool:
