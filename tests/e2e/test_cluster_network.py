@@ -218,6 +218,12 @@ def test_what_undoes_the_network_behind_the_agents_back_is_repaired_without_wait
     IPv4 route through it and tells nobody): each is back although the next resync is an hour away."""
     n1, n2, n4 = lab.nodes[0], lab.nodes[1], lab.nodes[3]
     started = n1.log_tail(10**9).count("following Node objects")
+    lab_routes: list[tuple[int, str]] = []  # the node's default routes, which the flap below takes away
+
+    def restore_lab_routes() -> None:
+        for v, line in lab_routes:
+            n1.ns.ip(f"-{v}", "route", "replace", *line.split())
+
     try:
         n1.write_config(resync=3600)  # a changed section restarts the service: an hour to its next resync
         wait_for("the service restarted", lambda: n1.log_tail(10**9).count("following Node objects") > started,
@@ -238,18 +244,18 @@ def test_what_undoes_the_network_behind_the_agents_back_is_repaired_without_wait
         # IPv6 addresses are kept over the flap (by default the kernel drops them with the link, and with them this
         # node's IPv6 InternalIP: its agent would then rightly route the peers' IPv6 subnets another way)
         n1.ns.exec("sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1")
-        lab_routes = [(v, line) for v in (4, 6) for line in n1.ns.ip(f"-{v}", "route", "show", "default").splitlines()]
+        lab_routes += [(v, line) for v in (4, 6) for line in n1.ns.ip(f"-{v}", "route", "show", "default").splitlines()]
         n1.ns.ip("link", "set", "eth0", "down")
         wait_for("the kernel dropped the routes through eth0", lambda: n2.pod4 not in routes(n1, 4), timeout=HANG)
         n1.ns.ip("link", "set", "eth0", "up")
-        for v, line in lab_routes:  # the node's own way out, the lab's (its network manager would put it back)
-            n1.ns.ip(f"-{v}", "route", "replace", *line.split())
+        restore_lab_routes()  # the node's own way out, the lab's (its network manager would put it back)
         wait_for("every route back after the underlay came up",
                  lambda: routes(n1, 4) == want4 and routes(n1, 6) == want6 and fdb(n1) == want_fdb,
                  timeout=HANG)  # fmt: skip
         assert all_pairs_connected(lab, "routed") == []
     finally:
         n1.ns.ip("link", "set", "eth0", "up")
+        restore_lab_routes()  # also when the test failed with the link down: the lab is left as it was
         n1.ns.exec("sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=0")
         n1.write_config()
         wait_for("back to the usual resync", lambda: n1.log_tail(10**9).count("following Node objects") > started + 1,
