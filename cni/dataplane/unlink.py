@@ -38,8 +38,8 @@ _IFINDEX_OFFSET = 16 + 4  # nlmsghdr, then ifinfomsg's family, pad and type
 
 def _only_the_deletion_of(index: int) -> list[sockfilter.Insn]:
     """A socket filter: of the node's link events, only link ``index``'s RTM_DELLINK wakes the thread waiting on it
-    (every DEL in flight has such a socket, and each ADD and DEL sends several link events: unfiltered, twenty DELs
-    at once woke one another hundreds of times)."""
+    (every DEL in flight has such a socket, and each ADD and DEL sends several link events: an unfiltered one saw 40
+    while 20 pairs were deleted one after another, the filtered one the 1 it waits for)."""
     return [
         (sockfilter.LDH, 0, 0, sockfilter.TYPE_OFFSET),
         (sockfilter.JEQ, 0, 3, sockfilter.host_u16(RTM_DELLINK)),  # not a deletion: on to DROP
