@@ -86,6 +86,8 @@ async def test_reload_add_remove_change_and_keep(running: tuple[Harness, DeviceP
 async def test_bad_config_is_rejected_with_field_names(running: tuple[Harness, DevicePlugin]) -> None:
     dp, plugin = running
     await dp.ep("fuse")
+    # both resources registered (the kubelet stand-in sees a Register before the plugin has its answer): ready
+    await eventually(lambda: plugin.readiness().ready, timeout=30, what="both resources registered")
     bad = section(dp.host, [FUSE, {"name": "nic", "pci": [{"vendor": "80860"}]}])
     with pytest.raises(ConfigError) as e:
         parse({"deviceplugin": bad})
