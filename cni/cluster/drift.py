@@ -26,7 +26,8 @@ from collections.abc import Callable
 from cni.cluster import kernel, rawnl
 from cni.dataplane import sockfilter
 from cni.dataplane.names import ALIAS_PREFIX
-from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, parse
+from cni.dataplane.nlwire import messages
+from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK
 
 RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x1, 0x4, 0x40, 0x400
 _RECV = 1 << 16
@@ -42,7 +43,7 @@ def _pods_own(link: rawnl.Link) -> bool:
 
 def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], int | None]) -> str:
     """Why the events in ``data`` (one datagram) call for a full pass, or "" when none does."""
-    for msg_type, _, _, view in parse(data):
+    for msg_type, _, _, view in messages(data):
         msg = bytes(view)
         if msg_type == RTM_DELROUTE:
             r = rawnl.route(msg)

@@ -29,10 +29,8 @@ from cni.cluster.model import IPAddress, IPNetwork
 from cni.cluster.plan import Changes, RouteSpec, State
 from cni.dataplane.messages import AddrMsg, LinkMsg, NeighMsg, RouteMsg
 from cni.dataplane.nl import IFF_UP, create_link, delete_link, get_link, link_kind, linkinfo, links, set_link
+from cni.dataplane.nlwire import NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE
 from cni.dataplane.rtnl import (
-    NLM_F_CREATE,
-    NLM_F_EXCL,
-    NLM_F_REPLACE,
     RTM_DELNEIGH,
     RTM_DELROUTE,
     RTM_GETADDR,

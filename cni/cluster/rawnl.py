@@ -15,13 +15,11 @@ import struct
 from typing import NamedTuple
 
 from cni.cluster.model import IPAddress
+from cni.dataplane import nlwire
+from cni.dataplane.nlwire import IFINFOMSG, NDMSG, NLMSGHDR, RTMSG
 
-_NLMSGHDR = 16
-_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_NDMSG = struct.Struct("=BBHiHBB")  # family, pad, pad, ifindex, state, flags, type
-_IFINFOMSG = struct.Struct("=BBHiII")  # family, pad, type, index, flags, change
-_RTA = struct.Struct("=HH")  # length, type
 _U32 = struct.Struct("=I")
+_NLMSGHDR = NLMSGHDR.size
 
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 NDA_DST, NDA_LLADDR = 1, 2
@@ -29,14 +27,7 @@ IFLA_IFNAME, IFLA_IFALIAS = 3, 20
 
 
 def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    while offset + _RTA.size <= len(data):
-        length, kind = _RTA.unpack_from(data, offset)
-        if length < _RTA.size or offset + length > len(data):
-            break
-        out[kind & 0x3FFF] = data[offset + _RTA.size : offset + length]  # without the nested/byte-order flags
-        offset += (length + 3) & ~3
-    return out
+    return {kind: data[start:end] for kind, start, end in nlwire.attrs(data, offset)}
 
 
 def _address(raw: bytes | None) -> IPAddress | None:
@@ -58,10 +49,10 @@ class Route(NamedTuple):
 
 def route(data: bytes) -> Route | None:
     """A route dump answer (netlink header included); None when too short to be one."""
-    if len(data) < _NLMSGHDR + _RTMSG.size:
+    if len(data) < _NLMSGHDR + RTMSG.size:
         return None
-    family, dst_len, _, _, table, protocol, _, rtype, _ = _RTMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + _RTMSG.size)
+    family, dst_len, _, _, table, protocol, _, rtype, _ = RTMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + RTMSG.size)
     if RTA_TABLE in a and len(a[RTA_TABLE]) == 4:
         table = _U32.unpack(a[RTA_TABLE])[0]
     oif = _U32.unpack(a[RTA_OIF])[0] if len(a.get(RTA_OIF, b"")) == 4 else None
@@ -78,10 +69,10 @@ class Neighbour(NamedTuple):
 
 def neighbour(data: bytes) -> Neighbour | None:
     """A neighbour (or FDB) dump answer (netlink header included); None when too short to be one."""
-    if len(data) < _NLMSGHDR + _NDMSG.size:
+    if len(data) < _NLMSGHDR + NDMSG.size:
         return None
-    family, _, _, ifindex, state, _, _ = _NDMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + _NDMSG.size)
+    family, ifindex, state, _, _ = NDMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + NDMSG.size)
     mac = a.get(NDA_LLADDR)
     lladdr = ":".join(f"{b:02x}" for b in mac) if mac is not None and len(mac) == 6 else None
     return Neighbour(family, ifindex, state, _address(a.get(NDA_DST)), lladdr)
@@ -99,8 +90,8 @@ def _text(raw: bytes | None) -> str:
 
 def link(data: bytes) -> Link | None:
     """A link message (netlink header included): its index, name and alias; None when too short to be one."""
-    if len(data) < _NLMSGHDR + _IFINFOMSG.size:
+    if len(data) < _NLMSGHDR + IFINFOMSG.size:
         return None
-    _, _, _, index, _, _ = _IFINFOMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + _IFINFOMSG.size)
+    _, _, index, _, _ = IFINFOMSG.unpack_from(data, _NLMSGHDR)
+    a = _attrs(data, _NLMSGHDR + IFINFOMSG.size)
     return Link(index, _text(a.get(IFLA_IFNAME)), _text(a.get(IFLA_IFALIAS)))

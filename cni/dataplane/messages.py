@@ -34,10 +34,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Self
 
-NLA_F_NESTED = 1 << 15
-NLA_TYPE_MASK = 0x3FFF  # without the nested and byte-order flags
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence number, port id
-_NLA = struct.Struct("=HH")  # nlattr: length, type
+from cni.dataplane import nlwire
+
 _U8 = struct.Struct("=B")
 _U16 = struct.Struct("=H")
 _BE16 = struct.Struct(">H")
@@ -202,9 +200,7 @@ def encode_attrs(table: _Table, attrs: Sequence[Attr]) -> bytes:
         if spec is None:
             raise ValueError(f"unknown netlink attribute {name}")
         data = _encode_value(spec, value, attrs)
-        out += _NLA.pack(_NLA.size + len(data), spec.number)  # no NLA_F_NESTED: as iproute2 and pyroute2 send them
-        out += data
-        out += b"\0" * (-len(data) % 4)
+        out += nlwire.attr(spec.number, data)  # no NLA_F_NESTED: as iproute2 and pyroute2 send them
     return bytes(out)
 
 
@@ -253,15 +249,10 @@ def _decode_value(spec: _Spec, raw: bytes, kind: str) -> Any:
 def decode_attrs(table: _Table, data: bytes, offset: int) -> list[Attr]:
     """The attributes of ``table`` in ``data`` from ``offset``; unknown ones skipped, a bad length ends the walk."""
     found: list[tuple[_Spec, bytes]] = []
-    end = len(data)
-    while offset + _NLA.size <= end:
-        length, number = _NLA.unpack_from(data, offset)
-        if length < _NLA.size or offset + length > end:
-            break
-        spec = table.by_number.get(number & NLA_TYPE_MASK)
+    for number, start, end in nlwire.attrs(data, offset):
+        spec = table.by_number.get(number)
         if spec is not None:
-            found.append((spec, data[offset + _NLA.size : offset + length]))
-        offset += (length + 3) & ~3
+            found.append((spec, data[start:end]))
     kinds = {"linkdata": "", "slavedata": ""}
     for spec, raw in found:  # the kinds first: they say how IFLA_INFO_DATA and IFLA_INFO_SLAVE_DATA read
         if spec.name == "IFLA_INFO_KIND":
@@ -338,13 +329,13 @@ class Message(Nested):
     def encode(self, msg_type: int, flags: int = 0, seq: int = 0) -> bytes:
         """The whole netlink message (nlmsghdr, header, attributes)."""
         body = self.pack_header() + encode_attrs(self.TABLE, self.attrs)
-        return _HEADER.pack(_HEADER.size + len(body), msg_type, flags, seq, 0) + body
+        return nlwire.message(msg_type, flags, seq, body)
 
     @classmethod
     def decode(cls, data: bytes | memoryview, with_header: bool = True) -> Self:
         """A message from its bytes (``with_header``: starting with its nlmsghdr, as the kernel sends it)."""
         raw = bytes(data)
-        start = _HEADER.size if with_header else 0
+        start = nlwire.NLMSGHDR.size if with_header else 0
         if len(raw) < start + cls.HEADER.size:
             raise ValueError(f"{cls.__name__}: {len(raw)} bytes are too short for its header")
         msg = cls()
@@ -360,7 +351,7 @@ class LinkMsg(Message):
     """``struct ifinfomsg``: a link (RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK)."""
 
     __slots__ = ()
-    HEADER = struct.Struct("=BxHiII")
+    HEADER = nlwire.IFINFOMSG
     FIELDS = ("family", "ifi_type", "index", "flags", "change")
     TABLE = _LINK
 
@@ -369,7 +360,7 @@ class AddrMsg(Message):
     """``struct ifaddrmsg``: an address (RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR)."""
 
     __slots__ = ()
-    HEADER = struct.Struct("=BBBBI")
+    HEADER = nlwire.IFADDRMSG
     FIELDS = ("family", "prefixlen", "flags", "scope", "index")
     TABLE = _ADDR
 
@@ -378,7 +369,7 @@ class RouteMsg(Message):
     """``struct rtmsg``: a route (RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE)."""
 
     __slots__ = ()
-    HEADER = struct.Struct("=BBBBBBBBI")
+    HEADER = nlwire.RTMSG
     FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
     TABLE = _ROUTE
 
@@ -387,6 +378,6 @@ class NeighMsg(Message):
     """``struct ndmsg``: a neighbour or FDB entry (RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH)."""
 
     __slots__ = ()
-    HEADER = struct.Struct("=BxxxiHBB")
+    HEADER = nlwire.NDMSG
     FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
     TABLE = _NEIGH

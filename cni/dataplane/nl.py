@@ -19,10 +19,8 @@ from typing import Any
 
 from cni.dataplane.messages import AddrMsg, LinkMsg, NeighMsg, RouteMsg
 from cni.dataplane.netns import entered
+from cni.dataplane.nlwire import NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE
 from cni.dataplane.rtnl import (
-    NLM_F_CREATE,
-    NLM_F_EXCL,
-    NLM_F_REPLACE,
     RTM_DELADDR,
     RTM_DELLINK,
     RTM_DELNEIGH,

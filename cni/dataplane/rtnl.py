@@ -15,28 +15,31 @@ standalone CNI exec; its message classes went the same way later (:mod:`cni.data
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
+from cni.dataplane import nlwire
 from cni.dataplane.messages import Message
+from cni.dataplane.nlwire import (
+    NLM_F_ACK,
+    NLM_F_ACK_TLVS,
+    NLM_F_CAPPED,
+    NLM_F_DUMP,
+    NLM_F_DUMP_INTR,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSG_NOOP,
+    NLMSG_OVERRUN,
+    NLMSGHDR,
+)
 
 M = TypeVar("M", bound=Message)
 
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_REPLACE = 0x100
-NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
-NLM_F_DUMP = 0x300  # NLM_F_ROOT | NLM_F_MATCH
-NLMSG_NOOP = 1
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLMSG_OVERRUN = 4
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
@@ -52,19 +55,8 @@ class NetlinkError(Exception):
         self.index = index  # which request of a batch (:meth:`Rtnl.ack_batch`) was refused
 
 
-SOL_NETLINK = 270
-NETLINK_CAP_ACK = 10  # errors echo only the header of the failed request, not all of it
-NETLINK_EXT_ACK = 11  # errors carry the kernel's message
-NLM_F_DUMP_INTR = 0x10
-NLMSG_NOOP = 1
-NLMSG_OVERRUN = 4
-NLM_F_CAPPED = 0x100
-NLM_F_ACK_TLVS = 0x200
 NLMSGERR_ATTR_MSG = 1
-
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence number, port id
-_ERRNO = struct.Struct("=i")
-_ATTR = struct.Struct("=HH")  # nlattr: length, type
+_ERRNO = struct.Struct("=i")  # struct nlmsgerr's error
 _DUMP_ATTEMPTS = 5
 TIMEOUT = 15.0  # seconds one send or receive may take
 _RECV_SIZE = 1 << 16
@@ -74,20 +66,7 @@ class Rtnl:
     """A NETLINK_ROUTE socket in the netns of the thread that opened it. Not thread-safe: one per thread."""
 
     def __init__(self) -> None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
-        try:
-            for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
-                with contextlib.suppress(OSError):  # older kernels: plain errno answers
-                    sock.setsockopt(SOL_NETLINK, option, 1)
-            sock.bind((0, 0))
-            # the kernel's own timeouts (the socket stays blocking: no poll() before every call, as settimeout adds)
-            limit = struct.pack("@ll", int(TIMEOUT), int(TIMEOUT % 1 * 1_000_000))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        except BaseException:
-            sock.close()
-            raise
-        self._sock = sock
+        self._sock = nlwire.open_socket(socket.NETLINK_ROUTE, TIMEOUT)
         self._seq = 0
         self._buf = bytearray(_RECV_SIZE)
 
@@ -125,7 +104,7 @@ class Rtnl:
         refused: NetlinkError | None = None
         while True:
             n = self._recv(small=True)
-            for msg_type, flags, msg_seq, msg_data in parse(memoryview(self._buf)[:n]):
+            for msg_type, flags, msg_seq, msg_data in nlwire.messages(memoryview(self._buf)[:n]):
                 if msg_type != NLMSG_ERROR or not first <= msg_seq <= last:
                     continue
                 code, text = error_of(flags, msg_data)
@@ -177,7 +156,7 @@ class Rtnl:
         which always fits the buffer (see :meth:`_recv`)."""
         while True:
             n = self._recv(small)
-            for msg_type, flags, msg_seq, data in parse(memoryview(self._buf)[:n]):
+            for msg_type, flags, msg_seq, data in nlwire.messages(memoryview(self._buf)[:n]):
                 if msg_seq != seq:
                     continue  # an answer to an earlier request given up on (cannot happen with one caller)
                 if msg_type == NLMSG_ERROR:
@@ -188,7 +167,7 @@ class Rtnl:
                         return
                     continue
                 if msg_type == NLMSG_DONE:
-                    code = _ERRNO.unpack_from(data, _HEADER.size)[0] if len(data) >= _HEADER.size + 4 else 0
+                    code = _ERRNO.unpack_from(data, NLMSGHDR.size)[0] if len(data) >= NLMSGHDR.size + 4 else 0
                     if code < 0:
                         raise NetlinkError(-code, os.strerror(-code))
                     return
@@ -225,39 +204,22 @@ def _decoded(reply: type[M], data: bytes) -> M:
         raise NetlinkError(errno.EBADMSG, f"a malformed answer from the kernel: {e}") from None
 
 
-def parse(buf: memoryview | bytes) -> Iterable[tuple[int, int, int, memoryview]]:
-    """Split one datagram into ``(type, flags, sequence number, whole message)``; stops at a malformed length."""
-    view = memoryview(buf)
-    offset = 0
-    while offset + _HEADER.size <= len(view):
-        length, msg_type, flags, seq, _ = _HEADER.unpack_from(view, offset)
-        if length < _HEADER.size or offset + length > len(view):
-            break
-        yield msg_type, flags, seq, view[offset : offset + length]
-        offset += (length + 3) & ~3
-
-
 def error_of(flags: int, data: memoryview | bytes) -> tuple[int, str]:
     """``(errno, text)`` of an NLMSG_ERROR message; errno 0 is an ACK. The text is the kernel's extended ACK message
     after the errno's name when there is one ("Invalid argument: Nexthop device is not up"), else the errno's name."""
-    (error,) = _ERRNO.unpack_from(data, _HEADER.size)
+    (error,) = _ERRNO.unpack_from(data, NLMSGHDR.size)
     code = -error
     if not code:
         return 0, ""
     text = os.strerror(code)
     if flags & NLM_F_ACK_TLVS:
-        start = _HEADER.size + 4  # our header, the errno, then the failed request's header (and body unless capped)
-        orig_len = _HEADER.unpack_from(data, start)[0] if len(data) >= start + _HEADER.size else _HEADER.size
-        offset = start + (_HEADER.size if flags & NLM_F_CAPPED else (orig_len + 3) & ~3)
-        while offset + _ATTR.size <= len(data):
-            attr_len, attr_type = _ATTR.unpack_from(data, offset)
-            if attr_len < _ATTR.size:
-                break
-            if attr_type & 0x3FFF == NLMSGERR_ATTR_MSG:
-                raw = bytes(data[offset + _ATTR.size : offset + attr_len])
-                message = raw.split(b"\0", 1)[0].decode(errors="replace")
+        start = NLMSGHDR.size + 4  # our header, the errno, then the failed request's header (and body unless capped)
+        orig_len = NLMSGHDR.unpack_from(data, start)[0] if len(data) >= start + NLMSGHDR.size else NLMSGHDR.size
+        offset = start + (NLMSGHDR.size if flags & NLM_F_CAPPED else nlwire.align(orig_len))
+        for kind, value_start, value_end in nlwire.attrs(data, offset):
+            if kind == NLMSGERR_ATTR_MSG:
+                message = bytes(data[value_start:value_end]).split(b"\0", 1)[0].decode(errors="replace")
                 if message:
                     text = f"{text}: {message}"
                 break
-            offset += (attr_len + 3) & ~3
     return code, text

@@ -29,11 +29,12 @@ import time
 
 from cni.dataplane import sockfilter
 from cni.dataplane.nl import delete_link, host_socket, nl_error
-from cni.dataplane.rtnl import RTM_DELLINK, TIMEOUT, NetlinkError, parse
+from cni.dataplane.nlwire import NLMSGHDR, messages
+from cni.dataplane.rtnl import RTM_DELLINK, TIMEOUT, NetlinkError
 
 RTMGRP_LINK = 1
 _IFINDEX = struct.Struct("=i")
-_IFINDEX_OFFSET = 16 + 4  # nlmsghdr, then ifinfomsg's family, pad and type
+_IFINDEX_OFFSET = NLMSGHDR.size + 4  # nlmsghdr, then ifinfomsg's family, pad and type
 
 
 def _only_the_deletion_of(index: int) -> list[sockfilter.Insn]:
@@ -105,7 +106,7 @@ def _unregistered(watch: socket.socket, done: int, index: int) -> bool:
                 data = watch.recv(1 << 16)
             except OSError:  # ENOBUFS: events were dropped; the request's end is the answer
                 return _ended(done, deadline)
-            for msg_type, _, _, msg in parse(data):
+            for msg_type, _, _, msg in messages(data):
                 if msg_type == RTM_DELLINK and _IFINDEX.unpack_from(msg, _IFINDEX_OFFSET)[0] == index:
                     return True
         elif done in ready:

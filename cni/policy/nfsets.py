@@ -18,13 +18,14 @@ from the kernel's ``linux/netfilter/nfnetlink.h`` and ``nf_tables.h``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from cni.dataplane.rtnl import NLMSG_ERROR, error_of, parse
+from cni.dataplane import nlwire
+from cni.dataplane.nlwire import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_ERROR, attr
+from cni.dataplane.rtnl import error_of
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
@@ -40,14 +41,8 @@ NFTA_SET_ELEM_LIST_ELEMENTS = 3
 NFTA_LIST_ELEM = 1
 NFTA_SET_ELEM_KEY = 1
 NFTA_DATA_VALUE = 1
-NLA_F_NESTED = 1 << 15
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_CREATE = 0x1, 0x4, 0x400
-SOL_NETLINK = 270
-NETLINK_CAP_ACK, NETLINK_EXT_ACK = 10, 11
 
-_HEADER = struct.Struct("=IHHII")
 _NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version (NFNETLINK_V0), res_id (big endian)
-_NLA = struct.Struct("=HH")
 
 
 class NfError(Exception):
@@ -62,13 +57,9 @@ class NfError(Exception):
         return self.text
 
 
-def _attr(kind: int, value: bytes) -> bytes:
-    return _NLA.pack(_NLA.size + len(value), kind) + value + b"\0" * (-len(value) % 4)
-
-
 def _message(msg_type: int, flags: int, seq: int, family: int, res_id: int, body: bytes) -> bytes:
     payload = _NFGEN.pack(family, 0, res_id) + body
-    return _HEADER.pack(_HEADER.size + len(payload), msg_type, flags, seq, 0) + payload
+    return nlwire.message(msg_type, flags, seq, payload)
 
 
 def batch(family: int, table: str, sets: Mapping[str, Sequence[bytes]], seq: int = 1) -> tuple[bytes, list[int]]:
@@ -81,13 +72,13 @@ def batch(family: int, table: str, sets: Mapping[str, Sequence[bytes]], seq: int
         if not keys:
             continue
         elements = b"".join(
-            _attr(NFTA_LIST_ELEM | NLA_F_NESTED, _attr(NFTA_SET_ELEM_KEY | NLA_F_NESTED, _attr(NFTA_DATA_VALUE, key)))
+            attr(NFTA_LIST_ELEM | NLA_F_NESTED, attr(NFTA_SET_ELEM_KEY | NLA_F_NESTED, attr(NFTA_DATA_VALUE, key)))
             for key in dict.fromkeys(keys)
         )
         body = (
-            _attr(NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0")
-            + _attr(NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0")
-            + _attr(NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, elements)
+            attr(NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0")
+            + attr(NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0")
+            + attr(NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, elements)
         )
         seq += 1
         msg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM
@@ -99,7 +90,7 @@ def batch(family: int, table: str, sets: Mapping[str, Sequence[bytes]], seq: int
 
 def get_table(family: int, table: str, seq: int) -> bytes:
     """The request for ``table`` (answered by the table, or an error: ENOENT when there is none)."""
-    body = _attr(NFTA_TABLE_NAME, table.encode() + b"\0")
+    body = attr(NFTA_TABLE_NAME, table.encode() + b"\0")
     return _message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, NLM_F_REQUEST | NLM_F_ACK, seq, family, 0, body)
 
 
@@ -111,17 +102,10 @@ def add_elements(table: str, sets: Mapping[str, Sequence[bytes]], timeout: float
         return
     begin = answered[0] - 1
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
+        sock = nlwire.open_socket(NETLINK_NETFILTER, timeout)
     except OSError as e:
         raise NfError(e.errno or errno.EPROTONOSUPPORT, f"open an nfnetlink socket: {e.strerror or e}") from None
     with sock:
-        for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(SOL_NETLINK, option, 1)
-        # the kernel's own timeouts: the socket stays blocking (settimeout would poll() before every call)
-        limit = struct.pack("@ll", int(timeout), int(timeout % 1 * 1_000_000))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
         try:
             _exchange(sock, get_table(family, table, 1), {1}, 0)
             _exchange(sock, data, set(answered), begin)
@@ -137,7 +121,7 @@ def _exchange(sock: socket.socket, data: bytes, pending: set[int], begin: int) -
     failure = None
     sock.sendall(data)
     while pending:
-        for msg_type, flags, seq, msg in parse(sock.recv(1 << 16)):
+        for msg_type, flags, seq, msg in nlwire.messages(sock.recv(1 << 16)):
             if msg_type != NLMSG_ERROR or not (seq in pending or (begin and seq == begin)):
                 continue  # the table itself, answering the lookup: its ACK follows
             code, text = error_of(flags, msg)

@@ -12,7 +12,8 @@ import pytest
 
 from cni.dataplane import sockfilter
 from cni.dataplane.netns import entered
-from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELROUTE, RTM_NEWLINK, parse
+from cni.dataplane.nlwire import messages
+from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELROUTE, RTM_NEWLINK
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces and links")
 
@@ -41,7 +42,7 @@ def drain(sock: socket.socket) -> list[int]:
             data = sock.recv(1 << 16)
         except BlockingIOError:
             return types
-        types += [msg_type for msg_type, _, _, _ in parse(data)]
+        types += [msg_type for msg_type, _, _, _ in messages(data)]
 
 
 def test_a_listener_gets_only_the_types_its_program_keeps(netns: Callable[[], str]) -> None:

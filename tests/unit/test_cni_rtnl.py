@@ -18,7 +18,9 @@ import pytest
 
 from cni.dataplane import nl
 from cni.dataplane.messages import LinkMsg
-from cni.dataplane.rtnl import NLMSG_DONE, NLMSG_ERROR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, error_of, parse
+from cni.dataplane.nlwire import NLMSG_DONE, NLMSG_ERROR
+from cni.dataplane.nlwire import messages as parse
+from cni.dataplane.rtnl import RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, error_of
 from cni.types import Route
 
 NLM_F_CAPPED = 0x100
