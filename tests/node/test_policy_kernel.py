@@ -347,6 +347,42 @@ def test_a_policy_change_applies_to_new_flows_while_an_open_connection_goes_on(n
     assert tcp(a, node.v4("b"), 80)
 
 
+def hooked_chains(node: Node) -> set[str]:
+    """The chains of the policy table the kernel has on a hook (from ``nft -j``, as the node holds them)."""
+    import json
+
+    out = node.n.exec("nft", "-j", "list", "table", "inet", "nodeplug-policy")
+    return {i["chain"]["name"] for i in json.loads(out)["nftables"] if "chain" in i and "hook" in i["chain"]}
+
+
+def test_the_first_isolation_hooks_its_direction_and_an_open_connection_goes_on(node: Node, c: Compiler) -> None:
+    assert hooked_chains(node) == set()  # no pod isolated: the table is not in any packet's path
+    a = node.pods["a"]
+
+    def connect() -> socket.socket:
+        s = socket.create_connection((node.v4("b"), 80), timeout=2)
+        assert s.recv(2) == b"ok"
+        return s
+
+    def talk(s: socket.socket) -> bytes:
+        s.sendall(b"again")
+        return s.recv(10)
+
+    open_one = a.call(connect)
+    try:
+        c.set_policy("default/b", policy("b", {"podSelector": {"matchLabels": {"app": "b"}}}))
+        node.apply(c)
+        assert hooked_chains(node) == {"ingress"}
+        assert not tcp(a, node.v4("b"), 80) and not tcp(a, node.v6("b"), 80)
+        assert a.call(talk, open_one) == b"again"  # opened before the table was hooked: goes on
+    finally:
+        open_one.close()
+    c.set_policy("default/b", None)
+    node.apply(c)
+    assert hooked_chains(node) == set()
+    assert tcp(a, node.v4("b"), 80)
+
+
 def test_a_quarantined_address_is_cut_off_until_released_with_its_rules(node: Node, c: Compiler) -> None:
     a = node.pods["a"]
     assert node.n.call(quarantine.hold, [node.v4("b"), node.v6("b")])

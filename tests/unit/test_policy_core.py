@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.networking_v1 import NetworkPolicy
 
 from cni.policy import selector
-from cni.policy.compile import BASE_CHAINS, Compiler, DropLog
+from cni.policy.compile import BASE_CHAINS, TRACKING, Compiler, DropLog
 from cni.policy.model import (
     NAME_LABEL,
     NamespaceInfo,
@@ -201,7 +201,11 @@ def assert_consistent(want: Any) -> None:
         for verdict in m.values():
             assert verdict.split()[1] in want.chains
             referenced.add(verdict.split()[1])
-    assert set(want.chains) - referenced == set(BASE_CHAINS)
+    assert set(want.chains) - referenced == (set(BASE_CHAINS) & set(want.chains)) | {TRACKING}
+    assert not want.chains[TRACKING].hook
+    for d, short in (("ingress", "in"), ("egress", "eg")):  # a direction's hook is there iff a local pod is isolated
+        assert (d in want.chains) == any(want.maps[f"{short}{v}"] for v in (4, 6))
+    assert ("egress-node" in want.chains) == ("egress" in want.chains)
     assert set(want.elements) <= set(want.sets)
 
 
@@ -252,7 +256,30 @@ def test_a_pod_no_policy_selects_is_open_and_a_policy_with_no_local_pod_is_not_m
     )  # fmt: skip
     want = c.ruleset()
     assert all(not m for m in want.maps.values())
-    assert set(want.chains) == set(BASE_CHAINS)
+    assert set(want.chains) == {TRACKING}  # nothing to enforce here: no hook in the packets' path at all
+    assert "hook" not in full_script(want)
+
+
+def test_a_direction_is_hooked_only_while_a_local_pod_is_isolated_that_way() -> None:
+    pods = [
+        pod_obj("a", "web", {"app": "web"}, "n1", ["10.1.0.2"]),
+        pod_obj("a", "db", {"app": "db"}, "n1", ["10.1.0.3"]),
+    ]
+    c = compiler_with(pods=pods, namespaces={"a": {}})
+    empty = c.ruleset()
+    parsed = parse_policy(
+        policy("a", "db", {"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]})
+    )
+    assert parsed is not None
+    c.set_policy(parsed.key, parsed)
+    isolated = c.ruleset()
+    assert {n for n, ch in isolated.chains.items() if ch.hook} == {"ingress"}
+    up = diff_script(empty, isolated)
+    assert "add chain inet nodeplug-policy ingress { type filter hook forward priority 0; policy accept; }" in up
+    assert "egress" not in up
+    c.set_policy(parsed.key, None)
+    down = diff_script(isolated, c.ruleset())
+    assert "delete chain inet nodeplug-policy ingress\n" in down and "hook" not in down
 
 
 def test_named_ports_are_resolved_per_protected_pod() -> None:
