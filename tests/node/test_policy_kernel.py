@@ -317,23 +317,26 @@ def test_egress_to_a_service_is_decided_on_its_endpoint_after_dnat(node: Node, c
         node.n.exec("nft", "delete", "table", "ip", "svc")
 
 
+def connect(addr: str) -> socket.socket:
+    """A connection to the server on ``addr`` port 80, its greeting read (from inside the calling pod)."""
+    s = socket.create_connection((addr, 80), timeout=2)
+    assert s.recv(2) == b"ok"
+    return s
+
+
+def talk(s: socket.socket) -> bytes:
+    s.sendall(b"again")
+    return s.recv(10)
+
+
 def test_a_policy_change_applies_to_new_flows_while_an_open_connection_goes_on(node: Node, c: Compiler) -> None:
     c.set_policy("default/b", policy("b", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [
         {"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}))  # fmt: skip
     node.apply(c)
     a = node.pods["a"]
 
-    def connect() -> socket.socket:
-        s = socket.create_connection((node.v4("b"), 80), timeout=2)
-        assert s.recv(2) == b"ok"
-        return s
-
-    def talk(s: socket.socket) -> bytes:
-        s.sendall(b"again")
-        return s.recv(10)
-
     assert tcp(a, node.v4("b"), 80) and not tcp(node.pods["c"], node.v4("b"), 80)
-    open_one = a.call(connect)
+    open_one = a.call(connect, node.v4("b"))
     try:
         c.set_policy("default/b", policy("b", {"podSelector": {"matchLabels": {"app": "b"}}, "ingress": [
             {"from": [{"podSelector": {"matchLabels": {"app": "c"}}}]}]}))  # fmt: skip
@@ -359,16 +362,7 @@ def test_the_first_isolation_hooks_its_direction_and_an_open_connection_goes_on(
     assert hooked_chains(node) == set()  # no pod isolated: the table is not in any packet's path
     a = node.pods["a"]
 
-    def connect() -> socket.socket:
-        s = socket.create_connection((node.v4("b"), 80), timeout=2)
-        assert s.recv(2) == b"ok"
-        return s
-
-    def talk(s: socket.socket) -> bytes:
-        s.sendall(b"again")
-        return s.recv(10)
-
-    open_one = a.call(connect)
+    open_one = a.call(connect, node.v4("b"))
     try:
         c.set_policy("default/b", policy("b", {"podSelector": {"matchLabels": {"app": "b"}}}))
         node.apply(c)
