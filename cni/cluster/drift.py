@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from cni.cluster import kernel, rawnl
 from cni.dataplane import sockfilter
-from cni.dataplane.names import ALIAS_PREFIX
+from cni.dataplane.names import ALIAS_PREFIX, is_host_veth_name
 from cni.dataplane.nlwire import messages
 from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK
 
@@ -35,10 +35,9 @@ _RECV = 1 << 16
 
 def _pods_own(link: rawnl.Link) -> bool:
     """A pod's host-side veth or the pod bridge (each carries an alias of nodeplug's)."""
-    name = link.name
-    if name.startswith("veth") and len(name) == 12 and all(c in "0123456789abcdef" for c in name[4:]):
-        return True
-    return link.alias.startswith(ALIAS_PREFIX)  # the pod bridge's too (names.BRIDGE_ALIAS)
+    return is_host_veth_name(link.name) or link.alias.startswith(
+        ALIAS_PREFIX
+    )  # the pod bridge's too (names.BRIDGE_ALIAS)
 
 
 def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], int | None]) -> str:

@@ -19,7 +19,6 @@ from cni.dataplane import nlwire
 from cni.dataplane.nlwire import IFINFOMSG, NDMSG, NLMSGHDR, RTMSG
 
 _U32 = struct.Struct("=I")
-_NLMSGHDR = NLMSGHDR.size
 
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 NDA_DST, NDA_LLADDR = 1, 2
@@ -49,10 +48,10 @@ class Route(NamedTuple):
 
 def route(data: bytes) -> Route | None:
     """A route dump answer (netlink header included); None when too short to be one."""
-    if len(data) < _NLMSGHDR + RTMSG.size:
+    if len(data) < NLMSGHDR.size + RTMSG.size:
         return None
-    family, dst_len, _, _, table, protocol, _, rtype, _ = RTMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + RTMSG.size)
+    family, dst_len, _, _, table, protocol, _, rtype, _ = RTMSG.unpack_from(data, NLMSGHDR.size)
+    a = _attrs(data, NLMSGHDR.size + RTMSG.size)
     if RTA_TABLE in a and len(a[RTA_TABLE]) == 4:
         table = _U32.unpack(a[RTA_TABLE])[0]
     oif = _U32.unpack(a[RTA_OIF])[0] if len(a.get(RTA_OIF, b"")) == 4 else None
@@ -69,10 +68,10 @@ class Neighbour(NamedTuple):
 
 def neighbour(data: bytes) -> Neighbour | None:
     """A neighbour (or FDB) dump answer (netlink header included); None when too short to be one."""
-    if len(data) < _NLMSGHDR + NDMSG.size:
+    if len(data) < NLMSGHDR.size + NDMSG.size:
         return None
-    family, ifindex, state, _, _ = NDMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + NDMSG.size)
+    family, ifindex, state, _, _ = NDMSG.unpack_from(data, NLMSGHDR.size)
+    a = _attrs(data, NLMSGHDR.size + NDMSG.size)
     mac = a.get(NDA_LLADDR)
     lladdr = ":".join(f"{b:02x}" for b in mac) if mac is not None and len(mac) == 6 else None
     return Neighbour(family, ifindex, state, _address(a.get(NDA_DST)), lladdr)
@@ -90,8 +89,8 @@ def _text(raw: bytes | None) -> str:
 
 def link(data: bytes) -> Link | None:
     """A link message (netlink header included): its index, name and alias; None when too short to be one."""
-    if len(data) < _NLMSGHDR + IFINFOMSG.size:
+    if len(data) < NLMSGHDR.size + IFINFOMSG.size:
         return None
-    _, _, index, _, _ = IFINFOMSG.unpack_from(data, _NLMSGHDR)
-    a = _attrs(data, _NLMSGHDR + IFINFOMSG.size)
+    _, _, index, _, _ = IFINFOMSG.unpack_from(data, NLMSGHDR.size)
+    a = _attrs(data, NLMSGHDR.size + IFINFOMSG.size)
     return Link(index, _text(a.get(IFLA_IFNAME)), _text(a.get(IFLA_IFALIAS)))

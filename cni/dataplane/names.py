@@ -47,6 +47,11 @@ def host_veth_name(container_id: str, ifname: str) -> str:
     return "veth" + _hexdigest(f"{container_id}\0{ifname}")[:8]
 
 
+def is_host_veth_name(name: str) -> bool:
+    """Whether ``name`` has the shape :func:`host_veth_name` gives (a pod's host end, or one just like it)."""
+    return len(name) == 12 and name.startswith("veth") and all(c in "0123456789abcdef" for c in name[4:])
+
+
 def netkey(network: str) -> str:
     if len(network) <= 48:
         return network

@@ -70,12 +70,11 @@ def messages(buf: memoryview | bytes) -> Iterator[tuple[int, int, int, memoryvie
         offset += align(length)
 
 
-def attrs(data: bytes | memoryview, offset: int, end: int | None = None) -> Iterator[tuple[int, int, int]]:
-    """The attributes in ``data[offset:end]`` as ``(type without flags, value start, value end)``."""
-    stop = len(data) if end is None else end
-    while offset + NLATTR.size <= stop:
+def attrs(data: bytes | memoryview, offset: int) -> Iterator[tuple[int, int, int]]:
+    """The attributes in ``data`` from ``offset`` as ``(type without flags, value start, value end)``."""
+    while offset + NLATTR.size <= len(data):
         length, kind = NLATTR.unpack_from(data, offset)
-        if length < NLATTR.size or offset + length > stop:
+        if length < NLATTR.size or offset + length > len(data):
             break
         yield kind & NLA_TYPE_MASK, offset + NLATTR.size, offset + length
         offset += align(length)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -352,8 +353,6 @@ def test_a_policy_change_applies_to_new_flows_while_an_open_connection_goes_on(n
 
 def hooked_chains(node: Node) -> set[str]:
     """The chains of the policy table the kernel has on a hook (from ``nft -j``, as the node holds them)."""
-    import json
-
     out = node.n.exec("nft", "-j", "list", "table", "inet", "nodeplug-policy")
     return {i["chain"]["name"] for i in json.loads(out)["nftables"] if "chain" in i and "hook" in i["chain"]}
 
