@@ -14,6 +14,8 @@
                                # empty: every Node's podCIDRs no broader than broadest_pod_cidr
       broadest_pod_cidr: {ipv4: 16, ipv6: 48}   # without cluster_cidrs: the shortest podCIDR prefix accepted
       masquerade: true         # masquerade pod traffic leaving the cluster CIDRs
+      redirect: false          # established, untranslated pod flows skip the node's forwarding path (eBPF, Linux
+                               # 6.6+ with BTF; sets nf_conntrack_tcp_be_liberal: cni.redirect.program)
       route_protocol: 110      # routes the agent owns carry this protocol number (never one the kernel or a
                                # routing daemon uses: cni.cluster.uninstall.RESERVED_PROTOCOLS)
       resync_seconds: 60       # full comparison with the kernel (repairs changes made by others)
@@ -69,6 +71,7 @@ class ClusterConfig(Section):
     cluster_cidrs: tuple[str, ...] = ()
     broadest_pod_cidr: BroadestPodCidr = Field(default_factory=BroadestPodCidr)
     masquerade: bool = True
+    redirect: bool = False
     route_protocol: int = 110
     resync_seconds: float = Field(default=60.0, ge=1, le=3600)
     subnets_file: AbsPath = DEFAULT_PATH

@@ -59,6 +59,17 @@ def drift_in(data: memoryview | bytes, protocol: int, vxlan_index: Callable[[], 
     return ""
 
 
+def pod_links_in(data: memoryview | bytes) -> bool:
+    """Whether the events in ``data`` add, change or delete a pod's host veth or the pod bridge (the redirect's
+    attachments follow them: :mod:`cni.redirect.manager`)."""
+    for msg_type, _, _, view in messages(data):
+        if msg_type in (RTM_NEWLINK, RTM_DELLINK):
+            link = rawnl.link(bytes(view))
+            if link is not None and _pods_own(link):
+                return True
+    return False
+
+
 def _vxlan_index() -> int | None:
     try:
         return socket.if_nametoindex(kernel.VXLAN_DEVICE)
@@ -81,6 +92,7 @@ class DriftWatch:
             sock.close()
             raise
         self.sock = sock
+        self.pod_links = False  # a pod's host veth or the pod bridge came, changed or went since last cleared
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -101,6 +113,7 @@ class DriftWatch:
             if not data:
                 return why
             why = why or drift_in(data, self.protocol, _vxlan_index)
+            self.pod_links = self.pod_links or pod_links_in(data)
 
     def close(self) -> None:
         self.sock.close()

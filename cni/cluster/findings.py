@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Gauge, Histogram
 
 from cni.cluster.model import IPNetwork, Vtep
+from cni.redirect.manager import Counters
 from nodeplug.kube.events import EventRecorder, Regarding
 from nodeplug.log import Logger
 from nodeplug.metrics import RPC_BUCKETS
@@ -36,8 +37,10 @@ class Metrics:
         )
         self.peers = Gauge("nodeplug_cluster_peer_paths", "Peer pod subnets by path.", ["path"], registry=None)
 
-    def collectors(self) -> tuple[Histogram, Counter, Counter, Gauge]:
-        return (self.pass_seconds, self.changed, self.withdrawn, self.peers)
+        self.redirected = Counters()
+
+    def collectors(self) -> tuple[Histogram, Counter, Counter, Gauge, Counters]:
+        return (self.pass_seconds, self.changed, self.withdrawn, self.peers, self.redirected)
 
 
 @dataclass

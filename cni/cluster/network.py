@@ -59,6 +59,7 @@ from cni.cluster.plan import Local, State, changes, desired
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
+from cni.redirect import manager as redirect
 from nodeplug.fsutil import write_atomic
 from nodeplug.kube import KubeClient, ListWatch
 from nodeplug.kube.events import EventRecorder, Regarding
@@ -119,6 +120,11 @@ class ClusterNetwork:
         self.lock = uninstall.Lock(lock_path)
         self.marker = marker_path
         self._cluster = tuple(ipaddress.ip_network(c) for c in cfg.cluster_cidrs)
+        self.redirect = redirect.Redirect() if cfg.redirect else None
+        self.metrics.redirected.source = self.redirect
+        self._redirect_devices: tuple[int, ...] = ()  # the underlay and VXLAN device of the last pass
+        self._redirect_pending = False  # a sync for pod veths queued on the netlink thread
+        self._redirect_cleared = False  # redirect off: programs of an earlier agent taken off (once)
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
 
     def _dirty_full(self) -> None:
@@ -173,6 +179,8 @@ class ClusterNetwork:
             self._pool.shutdown(wait=False)
             self._pool = None
         self.lock.release()
+        if self.redirect is not None:
+            self.redirect.close()  # the attachments stay with the devices, working with the map as it is
 
     # ------------------------------------------------------------ following the kernel
 
@@ -184,11 +192,52 @@ class ClusterNetwork:
             why = self._drift.read()
         except OSError as e:
             why = f"kernel events unreadable: {e}"
+        if self._drift.pod_links and self.redirect is not None and self.role == "managing":
+            self._drift.pod_links = False
+            self._queue_redirect_sync()
         if not why or self._drift_timer is not None:
             return
         self.log.debug("cluster network: the kernel changed; a full pass follows", reason=why)
         loop = asyncio.get_running_loop()
         self._drift_timer = loop.call_at(max(loop.time(), self._drift_at + DRIFT_SPACING), self._drift_pass)
+
+    def _queue_redirect_sync(self) -> None:
+        """A pod's veth came or went: the redirect's attachments follow on the netlink thread (one queued at a
+        time; events meanwhile fold into it)."""
+        if self._redirect_pending or self._pool is None:
+            return
+        self._redirect_pending = True
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, self._redirect_sync_now)
+        fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+    def _redirect_sync_now(self) -> None:
+        self._redirect_pending = False
+        if self.role != "managing":
+            return
+        problems = self._redirect_sync(self._redirect_devices)
+        for line in problems:
+            self.log.warning("cluster network: redirect", problem=line)
+
+    def _redirect_sync(self, devices: tuple[int, ...]) -> list[str]:
+        """On the netlink thread: the redirect in line with this netns (:mod:`cni.redirect.manager`), or, with it
+        turned off, an earlier agent's programs taken off once; the problems found."""
+        if self._nl is None:
+            self._nl = Rtnl()
+        if self.redirect is None:
+            if not self._redirect_cleared:
+                gone = redirect.detach_all(self._nl)
+                if gone:
+                    self.log.info("cluster network: redirect is off; took its program off", devices=",".join(gone))
+                self._redirect_cleared = True
+            return []
+        try:
+            done = self.redirect.sync(self._nl, devices)
+        except (redirect.RedirectError, OSError) as e:
+            return [str(e)]
+        if done.attached or done.replaced:
+            self.log.info("cluster network: redirect attached", devices=",".join(done.attached),
+                          replaced=",".join(done.replaced), pods=done.pods)  # fmt: skip
+        return done.problems
 
     def _drift_pass(self) -> None:
         self._drift_timer = None
@@ -382,6 +431,10 @@ class ClusterNetwork:
             if self._nl is None:
                 self._nl = Rtnl()
             done = teardown.remove(self._nl, self.cfg.route_protocol, self.subnets_path)
+            if self.redirect is not None:
+                self.redirect.close()  # taken off by the removal; a new load if the agent manages it again
+                self.redirect = self.metrics.redirected.source = redirect.Redirect()
+            self._redirect_devices = ()
             self.have = State.empty()
             self._subnets = None
             self._masq = None
@@ -468,6 +521,10 @@ class ClusterNetwork:
             refused = tuple((str(c), why) for c, why in want.own_refused)
             self._write_subnets(NodeSubnets(self.node, tuple(str(c) for c in want.own), out.mtu, refused))
         self._masquerade(want.own, nodes, want.refused, out)
+        devices = tuple(i for i in (underlay.ifindex if underlay is not None else None, vx_index) if i is not None)
+        if full or devices != self._redirect_devices:
+            self._redirect_devices = devices
+            out.problems += self._redirect_sync(devices)
         return out
 
     def _write_subnets(self, want: NodeSubnets) -> None:

@@ -29,6 +29,7 @@ from cni.dataplane.messages import RouteMsg
 from cni.dataplane.nl import get_link, link_kind
 from cni.dataplane.rtnl import RTM_DELROUTE, RTM_GETROUTE, NetlinkError, Rtnl
 from cni.nodesubnets import SubnetsError, read
+from cni.redirect import manager as redirect
 
 
 @dataclass
@@ -54,6 +55,12 @@ def remove(nl: Rtnl, protocol: int, subnets_file: Path | None) -> Removal:
                 out.removed.append(f"removed the VXLAN device {kernel.VXLAN_DEVICE} and its FDB and neighbour entries")
         except kernel.KernelError as e:
             out.failed.append(str(e))
+    try:
+        gone = redirect.detach_all(nl)
+        if gone:
+            out.removed.append(f"took the redirect program off {len(gone)} device(s): {', '.join(gone)}")
+    except OSError as e:
+        out.failed.append(f"take the redirect program off: {e}")
     try:
         if masq.remove():
             out.removed.append(f"removed the nftables table inet {masq.TABLE}")

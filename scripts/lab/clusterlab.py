@@ -137,6 +137,8 @@ class Pod:
         ips = [ipaddress.ip_interface(ip["address"]).ip for ip in result["ips"]]
         self.ip4 = str(next(a for a in ips if a.version == 4))
         self.ip6 = str(next(a for a in ips if a.version == 6))
+        # the node-side interface the result names first: a routed pod's veth, a bridged pod's bridge
+        self.host_veth = next((str(i["name"]) for i in result.get("interfaces", []) if not i.get("sandbox")), "")
         self.mtu = None
 
 

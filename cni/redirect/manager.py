@@ -1,0 +1,210 @@
+"""Where the agent attaches the redirect program (:mod:`cni.redirect.program`), and when.
+
+:class:`Redirect` loads the program once per agent (with its two maps: the routed pods' host-side veths, and the
+counters) and :meth:`Redirect.sync` brings the node's netns in line, as the cluster network's passes run and whenever
+a pod's veth comes or goes (:mod:`cni.cluster.drift`):
+
+- the program on the ingress of every routed pod's host-side veth (``veth`` + hex digits, nodeplug's alias, no
+  bridge above it: bridged pods keep the bridge's path) and of the devices other nodes' packets arrive by (the
+  underlay and the VXLAN device), and each such veth in the map of pods;
+- an earlier agent's program (another load: an agent restarted, killed or upgraded) taken off wherever it is,
+  after this one is on, so that no packet finds neither; entries of veths that are gone leave the map;
+- ``net.netfilter.nf_conntrack_tcp_be_liberal`` = 1 (:mod:`cni.redirect.program` says why).
+
+Attachments belong to the devices (tcx), not to the agent: when it dies they keep working with the map as it was,
+a veth made meanwhile takes the ordinary path until the next agent's first sync, and a veth deleted meanwhile took
+its attachment with it. :func:`detach_all` takes every nodeplug program off every device (the uninstall; the
+agent with ``redirect`` turned off).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily
+
+from cni.dataplane import sysctl
+from cni.dataplane.names import ALIAS_PREFIX, is_host_veth_name
+from cni.dataplane.nl import Rtnl, link_kind, links
+from cni.redirect import bpf, program
+from cni.redirect.btf import BtfError
+
+BE_LIBERAL = "net/netfilter/nf_conntrack_tcp_be_liberal"
+MAX_PODS = 65536
+_U32 = struct.Struct("<I")
+
+
+class RedirectError(Exception):
+    pass
+
+
+@dataclass
+class Synced:
+    """What one sync did (for logs and the doctor)."""
+
+    pods: int = 0
+    devices: int = 0
+    attached: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)  # an earlier agent's program taken off
+    problems: list[str] = field(default_factory=list)
+
+
+def pod_veths(nl: Rtnl) -> dict[int, str]:
+    """The routed pods' host-side veths of this netns: ifindex -> name."""
+    out: dict[int, str] = {}
+    for msg in links(nl):
+        name = str(msg.get("IFLA_IFNAME") or "")
+        alias = str(msg.get("IFLA_IFALIAS") or "")
+        routed = not msg.get("IFLA_MASTER") and link_kind(msg) == "veth"
+        if routed and is_host_veth_name(name) and alias.startswith(ALIAS_PREFIX):
+            out[int(msg["index"])] = name
+    return out
+
+
+def _ours(prog_id: int) -> bool:
+    try:
+        with bpf.prog_by_id(prog_id) as p:
+            return bpf.prog_info(p).name == program.NAME
+    except bpf.BpfError:
+        return False  # gone meanwhile
+
+
+def _take_off(ifindex: int, prog_id: int) -> None:
+    try:
+        with bpf.prog_by_id(prog_id) as p:
+            bpf.detach(ifindex, p)
+    except bpf.BpfError as e:
+        if e.errno not in (2, 19):  # ENOENT: already off; ENODEV: the device is gone
+            raise
+
+
+def detach_all(nl: Rtnl) -> list[str]:
+    """Take every nodeplug redirect program off every device of this netns; the devices it was on."""
+    done: list[str] = []
+    for msg in links(nl):
+        index = int(msg["index"])
+        try:
+            ids = bpf.attached(index)
+        except bpf.BpfError:
+            continue
+        for pid in ids:
+            if _ours(pid):
+                _take_off(index, pid)
+                done.append(str(msg.get("IFLA_IFNAME") or index))
+    return done
+
+
+class Redirect:
+    def __init__(self) -> None:
+        self.prog: bpf.Fd | None = None
+        self.pods: bpf.Map | None = None
+        self.stats: bpf.Map | None = None
+        self.prog_id = 0
+        self.known: set[int] = set()  # the map's keys as last written
+
+    def load(self) -> None:
+        """Load the program and its maps (once); RedirectError naming what this kernel lacks."""
+        if self.prog is not None:
+            return
+        try:
+            kernel = program.Kernel.read()
+            pods = bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods")
+            stats = bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats")
+        except (BtfError, bpf.BpfError) as e:
+            raise RedirectError(f"redirect unavailable: {e}") from None
+        try:
+            prog = bpf.load(program.build(kernel, pods.fd, stats.fd), program.NAME)
+        except bpf.BpfError as e:
+            pods.close()
+            stats.close()
+            raise RedirectError(f"redirect unavailable: the kernel refused the program: {e}") from None
+        self.prog, self.pods, self.stats = prog, pods, stats
+        self.prog_id = bpf.prog_info(prog).id
+
+    def sync(self, nl: Rtnl, devices: Iterable[int]) -> Synced:
+        """Bring this netns in line: the program on each pod veth and on ``devices`` (ifindexes), the map of pods
+        current, every other load of it off."""
+        self.load()
+        assert self.prog is not None and self.pods is not None
+        out = Synced()
+        sysctl.ensure(BE_LIBERAL, "1", missing_ok=True)  # absent until conntrack is loaded: set at a later sync
+        veths = pod_veths(nl)
+        for index in veths.keys() - self.known:
+            self.pods.update(_U32.pack(index), _U32.pack(1))
+        for index in self.known - veths.keys():
+            self.pods.delete(_U32.pack(index))
+        self.known = set(veths)
+        names = {i: n for i, n in veths.items()}
+        want = set(veths) | set(devices)
+        for msg in links(nl):
+            index = int(msg["index"])
+            name = str(msg.get("IFLA_IFNAME") or index)
+            try:
+                ids = bpf.attached(index)
+            except bpf.BpfError as e:
+                if index in want:
+                    out.problems.append(f"{name}: cannot list its programs: {e.strerror}")
+                continue
+            if index in want and self.prog_id not in ids:
+                try:
+                    bpf.attach(index, self.prog)
+                except bpf.BpfError as e:
+                    if e.errno != 19:  # ENODEV: a pod's veth deleted meanwhile
+                        out.problems.append(f"{name}: cannot attach: {e.strerror}")
+                    continue
+                out.attached.append(name)
+            for pid in ids:
+                if pid != self.prog_id and _ours(pid):
+                    _take_off(index, pid)
+                    out.replaced.append(name)
+            if index not in want and self.prog_id in ids:
+                _take_off(index, self.prog_id)
+            if index in want:
+                out.devices += 1
+        out.pods = len(names)
+        return out
+
+    def counters(self) -> dict[str, int]:
+        """Packets handed over since this load: ``peer`` (into a pod of this node), ``out`` (from a pod)."""
+        if self.stats is None:
+            return {"peer": 0, "out": 0}
+        cpus = bpf.possible_cpus()
+        got: dict[str, int] = {}
+        for key, name in ((program.PEER, "peer"), (program.OUT, "out")):
+            raw = self.stats.lookup(_U32.pack(key), 8 * cpus) or b""
+            got[name] = sum(v for (v,) in struct.iter_unpack("<Q", raw))
+        return got
+
+    def close(self) -> None:
+        """Let go of this agent's descriptors (the attachments stay with the devices)."""
+        for fd in (self.prog, self.pods, self.stats):
+            if fd is not None:
+                fd.close()
+        self.prog = self.pods = self.stats = None
+        self.known = set()
+
+
+class Counters:
+    """The collector of ``nodeplug_cluster_redirected_packets_total{way}`` (``peer``: into a pod of this node;
+    ``out``: from a pod, out of another device), read from the program's counters at each scrape."""
+
+    def __init__(self) -> None:
+        self.source: Redirect | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "nodeplug_cluster_redirected_packets",
+            "Packets of established pod flows the redirect handed over past the node's forwarding path, by way.",
+            labels=["way"],
+        )
+        source = self.source
+        if source is not None:
+            try:
+                got = source.counters()
+            except OSError:
+                got = {}
+            for way, n in got.items():
+                fam.add_metric([way], n)
+        yield fam

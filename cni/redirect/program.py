@@ -1,0 +1,287 @@
+"""The redirect program: established, untranslated pod flows skip the node's forwarding path.
+
+Attached to the ingress (tcx) of every routed pod's host-side veth and of the devices traffic from other nodes comes
+in by (the underlay, the VXLAN device), it looks at each IPv4 and IPv6 TCP or UDP packet and hands it straight to
+the device it would be forwarded to when, and only when, all of these hold:
+
+- the kernel's connection tracking has the flow, confirmed, seen both ways and assured (``bpf_skb_ct_lookup`` in the
+  device's netns): whatever the node's filters (network policy, kube-proxy, the node's firewall) decide about a
+  flow they decided on its first packets, which took the ordinary path;
+- no address translation, sequence adjustment, helper or expectation is attached to it (a Service's DNAT, a hostPort,
+  the masquerade to outside the cluster: the kernel must rewrite every packet of those);
+- a TCP packet carries no SYN, FIN or RST: opening and closing take the ordinary path, so connection tracking sees
+  every flow end and frees its entry when it should;
+- the IPv4 header has no options and is not a fragment; the IPv6 header is followed directly by TCP or UDP; the TTL
+  or hop limit is above 1; the destination is not link-local or multicast;
+- the routing table (``bpf_fib_lookup``, which also checks the MTU and needs a resolved neighbour) forwards it, and
+  either to a pod of this node (a device in the map of pod veths: the packet goes into the pod's namespace at once,
+  ``bpf_redirect_peer``) or, from a pod, out of another device (``bpf_redirect`` to that device's transmit).
+
+The packet is forwarded as the kernel would forward it: TTL or hop limit one less (the IPv4 header checksum updated),
+source and destination MAC from the route's device and neighbour. Anything else returns ``TCX_NEXT``: the next
+program, then the kernel's ordinary path, which is exactly what it was without the redirect.
+
+Connection tracking no longer sees the redirected packets of a flow, so it no longer follows their TCP sequence
+numbers: the agent sets ``nf_conntrack_tcp_be_liberal`` so that the flow's closing packets, which take the ordinary
+path again, are not judged out of window (:mod:`cni.redirect.manager`).
+
+A per-CPU counter map counts the packets handed over each way (:data:`PEER`, :data:`OUT`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cni.redirect import btf
+from cni.redirect.asm import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Asm
+
+NAME = "nodeplug_redir"
+PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
+
+# helpers by number (include/uapi/linux/bpf.h)
+MAP_LOOKUP_ELEM, SKB_STORE_BYTES, L3_CSUM_REPLACE, REDIRECT, SKB_LOAD_BYTES, FIB_LOOKUP, REDIRECT_PEER = (
+    1, 9, 10, 23, 26, 69, 155,
+)  # fmt: skip
+TCX_NEXT, TC_ACT_SHOT = -1, 2
+ETH_HLEN = 14
+SKB_PKT_TYPE, SKB_PROTOCOL, SKB_INGRESS_IFINDEX = 4, 16, 36  # struct __sk_buff
+CURRENT_NETNS = -1  # BPF_F_CURRENT_NETNS
+CT_OPTS_SIZE = 12  # NF_BPF_CT_OPTS_SZ
+
+# enum ip_conntrack_status
+IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+IPS_SRC_NAT, IPS_DST_NAT, IPS_SEQ_ADJUST, IPS_DYING = 1 << 4, 1 << 5, 1 << 6, 1 << 9
+IPS_UNTRACKED, IPS_HELPER, IPS_OFFLOAD = 1 << 12, 1 << 13, 1 << 14
+NEED = IPS_SEEN_REPLY | IPS_ASSURED | IPS_CONFIRMED
+FORBID = IPS_EXPECTED | IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_UNTRACKED
+FORBID |= IPS_HELPER | IPS_OFFLOAD
+
+# the stack (offsets from r10)
+FIB, FIB_SIZE = -64, 64  # struct bpf_fib_lookup
+FIB_IFINDEX, FIB_TOS, FIB_SRC, FIB_DST, FIB_SMAC, FIB_DMAC = 8, 12, 16, 32, 52, 58
+TUPLE = -104  # struct bpf_sock_tuple (36 bytes for IPv6)
+OPTS = -120  # struct bpf_ct_opts (16 bytes kept zero beyond the 12 passed)
+HDR = -184  # the IP header and the first 14 bytes after it
+KEY = -192  # a map key or a byte or two to store
+OUTIF = -200  # the device the route leaves by
+
+KFUNCS = ("bpf_skb_ct_lookup", "bpf_ct_release")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What the program needs from this kernel's BTF."""
+
+    ct_lookup: int
+    ct_release: int
+    ct_status: int  # byte offset of nf_conn.status
+
+    @classmethod
+    def read(cls) -> Kernel:
+        info = btf.vmlinux(set(KFUNCS), {"nf_conn"})
+        return cls(info.func(KFUNCS[0]), info.func(KFUNCS[1]), info.offset("nf_conn", "status"))
+
+
+@dataclass(frozen=True)
+class _Family:
+    v: int
+    af: int
+    hdr_len: int
+    tuple_size: int
+    l4: int  # offset of the L4 protocol byte in the header
+    ttl: int  # offset of the TTL / hop limit
+    src: int
+    addr_len: int
+
+
+_V4 = _Family(4, 2, 20, 12, 9, 8, 12, 4)
+_V6 = _Family(6, 10, 40, 36, 6, 7, 8, 16)
+
+
+def _pass(a: Asm) -> None:
+    a.mov(R0, imm=TCX_NEXT)
+    a.exit()
+
+
+def _copy(a: Asm, dst: int, src: int, size: int) -> None:
+    """Copy ``size`` bytes (a multiple of 4) within the stack."""
+    for i in range(0, size, 4):
+        a.ldx(4, R2, R10, src + i)
+        a.stx(4, R10, dst + i, R2)
+
+
+def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
+    p = f"v{f.v}_"
+    a.label(f"{p}start")
+    a.mov(R1, R6)
+    a.mov(R2, imm=ETH_HLEN)
+    a.mov(R3, R10)
+    a.alu("add", R3, imm=HDR)
+    a.mov(R4, imm=f.hdr_len + 14)
+    a.call(SKB_LOAD_BYTES)
+    a.jmp("jne", "pass", R0, imm=0)
+    a.ldx(1, R2, R10, HDR)
+    if f.v == 4:
+        a.jmp("jne", "pass", R2, imm=0x45)  # version 4, no options
+        a.ldx(2, R2, R10, HDR + 6)
+        a.alu("and", R2, imm=0xFF3F)  # more-fragments and the fragment offset (network order, read little-endian)
+        a.jmp("jne", "pass", R2, imm=0)
+        a.ldx(2, R2, R10, HDR + f.src + 4)
+        a.jmp("jeq", "pass", R2, imm=0xFEA9)  # 169.254.0.0/16
+        a.ldx(1, R2, R10, HDR + f.src + 4)
+        a.alu("and", R2, imm=0xF0)
+        a.jmp("jeq", "pass", R2, imm=0xE0)  # multicast
+    else:
+        a.alu("and", R2, imm=0xF0)
+        a.jmp("jne", "pass", R2, imm=0x60)
+        a.ldx(1, R2, R10, HDR + f.src + 16)
+        a.jmp("jeq", "pass", R2, imm=0xFF)  # multicast
+        a.ldx(2, R2, R10, HDR + f.src + 16)
+        a.alu("and", R2, imm=0xC0FF)
+        a.jmp("jeq", "pass", R2, imm=0x80FE)  # fe80::/10
+    a.ldx(1, R2, R10, HDR + f.ttl)
+    a.jmp("jle", "pass", R2, imm=1)
+    a.ldx(1, R7, R10, HDR + f.l4)
+    a.jmp("jeq", f"{p}tuple", R7, imm=17)
+    a.jmp("jne", "pass", R7, imm=6)
+    a.ldx(1, R2, R10, HDR + f.hdr_len + 13)  # TCP flags
+    a.jmp("jset", "pass", R2, imm=0x07)  # FIN, SYN, RST
+    a.label(f"{p}tuple")
+    _copy(a, TUPLE, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
+    a.st(8, R10, OPTS, 0)
+    a.st(8, R10, OPTS + 8, 0)
+    a.st(4, R10, OPTS, CURRENT_NETNS)
+    a.stx(1, R10, OPTS + 8, R7)
+    a.mov(R1, R6)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=TUPLE)
+    a.mov(R3, imm=f.tuple_size)
+    a.mov(R4, R10)
+    a.alu("add", R4, imm=OPTS)
+    a.mov(R5, imm=CT_OPTS_SIZE)
+    a.kfunc(k.ct_lookup)
+    a.jmp("jeq", "pass", R0, imm=0)
+    a.ldx(8, R9, R0, k.ct_status)
+    a.mov(R1, R0)
+    a.kfunc(k.ct_release)
+    a.mov(R2, R9)
+    a.alu("and", R2, imm=NEED)
+    a.jmp("jne", "pass", R2, imm=NEED)
+    a.alu("and", R9, imm=FORBID)
+    a.jmp("jne", "pass", R9, imm=0)
+    # the route
+    for off in range(0, FIB_SIZE, 8):
+        a.st(8, R10, FIB + off, 0)
+    a.st(1, R10, FIB, f.af)
+    a.stx(1, R10, FIB + 1, R7)
+    a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
+    a.stx(4, R10, FIB + FIB_IFINDEX, R2)
+    if f.v == 4:
+        a.ldx(1, R2, R10, HDR + 1)
+        a.stx(1, R10, FIB + FIB_TOS, R2)
+    _copy(a, FIB + FIB_SRC, HDR + f.src, f.addr_len)
+    _copy(a, FIB + FIB_DST, HDR + f.src + f.addr_len, f.addr_len)
+    a.mov(R1, R6)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=FIB)
+    a.mov(R3, imm=FIB_SIZE)
+    a.mov(R4, imm=0)
+    a.call(FIB_LOOKUP)
+    a.jmp("jne", "pass", R0, imm=0)  # BPF_FIB_LKUP_RET_SUCCESS
+    a.ldx(4, R9, R10, FIB + FIB_IFINDEX)
+    a.stx(4, R10, OUTIF, R9)
+    a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
+    a.jmp("jeq", "pass", R2, src=R9)  # back where it came from: not ours to shortcut
+    # into a pod of this node, or out from a pod
+    a.stx(4, R10, KEY, R9)
+    a.load_map(R1, pods_fd)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=KEY)
+    a.call(MAP_LOOKUP_ELEM)
+    a.mov(R8, imm=PEER)
+    a.jmp("jne", f"{p}rewrite", R0, imm=0)
+    a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
+    a.stx(4, R10, KEY, R2)
+    a.load_map(R1, pods_fd)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=KEY)
+    a.call(MAP_LOOKUP_ELEM)
+    a.jmp("jeq", "pass", R0, imm=0)
+    a.mov(R8, imm=OUT)
+    a.label(f"{p}rewrite")
+    if f.v == 4:  # TTL - 1 (it is above 1) and the header checksum with it
+        a.ldx(2, R7, R10, HDR + f.ttl)  # TTL and protocol as one 16-bit word
+        a.mov(R9, R7)
+        a.alu("sub", R9, imm=1)
+        a.mov(R1, R6)
+        a.mov(R2, imm=ETH_HLEN + 10)
+        a.mov(R3, R7)
+        a.mov(R4, R9)
+        a.mov(R5, imm=2)
+        a.call(L3_CSUM_REPLACE)
+        a.jmp("jne", "pass", R0, imm=0)  # nothing written yet
+        a.stx(2, R10, KEY, R9)
+        size = 2
+    else:
+        a.ldx(1, R9, R10, HDR + f.ttl)
+        a.alu("sub", R9, imm=1)
+        a.stx(1, R10, KEY, R9)
+        size = 1
+    a.mov(R1, R6)
+    a.mov(R2, imm=ETH_HLEN + f.ttl)
+    a.mov(R3, R10)
+    a.alu("add", R3, imm=KEY)
+    a.mov(R4, imm=size)
+    a.mov(R5, imm=0)
+    a.call(SKB_STORE_BYTES)
+    a.jmp("jne", "drop", R0, imm=0)
+    for at, mac in ((0, FIB_DMAC), (6, FIB_SMAC)):
+        a.mov(R1, R6)
+        a.mov(R2, imm=at)
+        a.mov(R3, R10)
+        a.alu("add", R3, imm=FIB + mac)
+        a.mov(R4, imm=6)
+        a.mov(R5, imm=0)
+        a.call(SKB_STORE_BYTES)
+        a.jmp("jne", "drop", R0, imm=0)
+    a.jmp("ja", "count")
+
+
+def build(k: Kernel, pods_fd: int, stats_fd: int) -> bytes:
+    """The program's instructions, using the map of pod veths ``pods_fd`` (u32 ifindex -> u32) and the per-CPU
+    counters ``stats_fd`` (u32 index -> u64)."""
+    a = Asm()
+    a.mov(R6, R1)
+    a.ldx(4, R2, R6, SKB_PKT_TYPE)
+    a.jmp("jne", "pass", R2, imm=0)  # PACKET_HOST: addressed to this host's MAC
+    a.ldx(4, R2, R6, SKB_PROTOCOL)
+    a.jmp("jeq", "v4_start", R2, imm=0x0008)  # ETH_P_IP, network order read little-endian
+    a.jmp("jeq", "v6_start", R2, imm=0xDD86)  # ETH_P_IPV6
+    a.label("pass")
+    _pass(a)
+    a.label("drop")  # a header half rewritten
+    a.mov(R0, imm=TC_ACT_SHOT)
+    a.exit()
+    _family(a, _V4, k, pods_fd, stats_fd)
+    _family(a, _V6, k, pods_fd, stats_fd)
+    # R8: which way; the counter, then the hand-over
+    a.label("count")
+    a.stx(4, R10, KEY, R8)
+    a.load_map(R1, stats_fd)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=KEY)
+    a.call(MAP_LOOKUP_ELEM)
+    a.jmp("jeq", "send", R0, imm=0)
+    a.ldx(8, R1, R0, 0)
+    a.alu("add", R1, imm=1)
+    a.stx(8, R0, 0, R1)
+    a.label("send")
+    a.ldx(4, R1, R10, OUTIF)
+    a.mov(R2, imm=0)
+    a.jmp("jne", "out", R8, imm=PEER)
+    a.call(REDIRECT_PEER)
+    a.exit()
+    a.label("out")
+    a.call(REDIRECT)
+    a.exit()
+    return a.assemble()

@@ -1,0 +1,255 @@
+"""The redirect (``cluster_network.redirect: true``) on namespace nodes with real agents: established pod flows
+across nodes (direct and VXLAN, both families) and between pods of one node go past the forwarding path and arrive
+intact; their closing still reaches connection tracking; translated flows, bridged pods and new connections keep
+the ordinary path; the program follows pods, agent restarts (kill -9) and the config.
+
+Judged as users see it: bytes through sockets in the pods, the agent's ``/metrics``, the kernel's connection
+tracking table (``conntrack``) and the programs the kernel has on each device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cni.redirect import bpf, program
+
+from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok"),
+    pytest.mark.skipif(not shutil.which("conntrack"), reason="conntrack (Debian package conntrack) not installed"),
+]
+
+HANG = 60
+SIZE = 16 << 20
+REDIRECT = "  redirect: true\n"
+
+
+class Sink:
+    """A TCP server in a netns that reads each connection to its end and answers the SHA-256 of what came."""
+
+    def __init__(self, ns: Netns, family: int, port: int) -> None:
+        self.sock: socket.socket = ns.call(self._listen, family, port)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @staticmethod
+    def _listen(family: int, port: int) -> socket.socket:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        s.listen(8)
+        return s
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                with conn:
+                    h = hashlib.sha256()
+                    while chunk := conn.recv(1 << 16):
+                        h.update(chunk)
+                    conn.sendall(h.hexdigest().encode())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def send(src: Netns, dst: str, port: int, size: int = SIZE) -> tuple[str, str, int]:
+    """Send ``size`` random bytes from ``src``: (their SHA-256, the one the sink answers, the client's port)."""
+    data = os.urandom(size)
+
+    def go() -> tuple[str, str, int]:
+        with socket.create_connection((dst, port), timeout=HANG) as c:
+            sport = c.getsockname()[1]
+            c.sendall(data)
+            c.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := c.recv(100):
+                got += chunk
+        return hashlib.sha256(data).hexdigest(), got.decode(), sport
+
+    result: tuple[str, str, int] = src.call(go)
+    return result
+
+
+def redirected(node: Node) -> dict[str, int]:
+    _, body = node.http("/metrics")
+    found = re.findall(r'nodeplug_cluster_redirected_packets_total\{way="(\w+)"\} (\S+)', body)
+    return {way: int(float(n)) for way, n in found}
+
+
+def ours_on(node: Node) -> dict[str, list[int]]:
+    """Each device of the node with the nodeplug redirect programs the kernel has on its ingress (their ids)."""
+
+    def look() -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for index, name in socket.if_nameindex():  # the thread's netns (sysfs would show the mount's)
+            for pid in bpf.attached(index):
+                with bpf.prog_by_id(pid) as p:
+                    if bpf.prog_info(p).name == program.NAME:
+                        out.setdefault(name, []).append(pid)
+        return out
+
+    found: dict[str, list[int]] = node.ns.call(look)
+    return found
+
+
+def tracked(node: Node, port: int, sport: int) -> str:
+    """The connection tracking state of the TCP connection from ``sport`` to ``port`` on ``node``, or ""."""
+    out = node.ns.exec("conntrack", "-L", "-p", "tcp", "--sport", str(sport), "--dport", str(port), check=False)
+    m = re.search(r"tcp\s+\d+\s+\d+\s+(\w+)", out)
+    return m.group(1) if m else ""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    work = Path(tmp_path_factory.mktemp("redirect"))
+    with Lab(work, l2_nodes=2, routed=True) as lab:
+        for node in lab.nodes:
+            lab.register(node)
+            node.write_config(extra=REDIRECT)
+            node.start()
+        for node in lab.nodes:
+            node.wait_ready()
+        for node in lab.nodes:
+            lab.add_pod(node, "routed")
+        lab.add_pod(lab.nodes[0], "routed")  # a second pod on node-1
+        lab.add_pod(lab.nodes[0], "bridge")
+        try:
+            yield lab
+        finally:
+            for node in lab.nodes:
+                print(f"----- {node.name} agent log (tail)\n{node.log_tail(3000)}")
+
+
+def routed(lab: Lab) -> list[Pod]:
+    return [p for p in lab.pods if p.datapath == "routed"]
+
+
+def attached_everywhere(lab: Lab) -> bool:
+    """Every node has the program on each of its routed pods' veths, its underlay and (auto mode) its VXLAN
+    device, and on nothing else."""
+    for node in lab.nodes:
+        veths = {p.host_veth for p in routed(lab) if p.node is node}
+        if set(ours_on(node)) != veths | {"eth0", "nodeplug.vx"}:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("way", ["direct", "vxlan", "same node"])
+@pytest.mark.parametrize("family", [4, 6])
+def test_established_pod_flows_go_past_the_forwarding_path_and_arrive_intact(lab: Lab, way: str, family: int) -> None:
+    n1, n2, n3 = lab.nodes
+    a, a2 = [p for p in routed(lab) if p.node is n1]
+    b = {"direct": next(p for p in routed(lab) if p.node is n2), "vxlan": next(p for p in routed(lab) if p.node is n3),
+         "same node": a2}[way]  # fmt: skip
+    wait_for("the program on every routed veth and way in", lambda: attached_everywhere(lab), timeout=HANG)
+    port = 7100 + family
+    sink = Sink(b.ns, socket.AF_INET if family == 4 else socket.AF_INET6, port)
+    dst = b.ip4 if family == 4 else b.ip6
+    before = {n.name: redirected(n) for n in (n1, b.node)}
+    try:
+        sent, got, sport = send(a.ns, dst, port)
+    finally:
+        sink.close()
+    assert got == sent
+    after = {n.name: redirected(n) for n in (n1, b.node)}
+    if way == "same node":  # the data and the acknowledgements each go straight into the other pod
+        assert after[n1.name]["peer"] - before[n1.name]["peer"] > 100
+    else:  # the data leaves node-1 from the pod straight out, and enters the other node straight into the pod
+        assert after[n1.name]["out"] - before[n1.name]["out"] > 100
+        assert after[b.node.name]["peer"] - before[b.node.name]["peer"] > 100
+        assert after[n1.name]["peer"] - before[n1.name]["peer"] > 10  # the acknowledgements, back into the pod
+    # the closing took the ordinary path: connection tracking saw both FINs (not left ESTABLISHED for five days)
+    for node in {n1, b.node}:
+        wait_for(f"{node.name} tracks the closed connection as closed",
+                 lambda node=node: tracked(node, port, sport) in ("TIME_WAIT", "CLOSE", ""), timeout=HANG)  # fmt: skip
+
+
+def test_translated_flows_and_bridged_pods_keep_the_ordinary_path(lab: Lab) -> None:
+    n1 = lab.nodes[0]
+    a = next(p for p in routed(lab) if p.node is n1)
+    bridged = next(p for p in lab.pods if p.datapath == "bridge")
+    out_ns = next(n for n in lab.netns if n.name.endswith("-out"))
+    sink = Sink(out_ns, socket.AF_INET, 7200)
+    try:
+        before = redirected(n1)
+        sent, got, _ = send(a.ns, OUTSIDE, 7200)  # masqueraded: the kernel rewrites every packet
+        assert got == sent
+        assert redirected(n1) == before
+        b = next(p for p in routed(lab) if p.node is lab.nodes[1])
+        sink_b = Sink(b.ns, socket.AF_INET, 7201)
+        try:
+            before_b = redirected(lab.nodes[1])
+            sent, got, _ = send(bridged.ns, b.ip4, 7201)  # from a bridged pod: node-1 forwards as ever
+            assert got == sent
+            assert redirected(n1)["out"] == before["out"]
+            assert redirected(lab.nodes[1])["peer"] > before_b["peer"]  # the routed pod's node still shortcuts it
+        finally:
+            sink_b.close()
+    finally:
+        sink.close()
+
+
+def test_a_pod_that_comes_and_goes_gets_the_program_and_leaves_nothing(lab: Lab) -> None:
+    n2 = lab.nodes[1]
+    pod = lab.add_pod(n2, "routed")
+    try:
+        wait_for("the new pod's veth has the program", lambda: pod.host_veth in ours_on(n2), timeout=HANG)
+    finally:
+        code, out = n2.cni("DEL", pod.ns.name, pod.cid, datapath="routed")
+        assert code == 0, out
+        lab.pods.remove(pod)
+    wait_for("no device of node-2 but its own pods' and its way in has it", lambda: attached_everywhere(lab),
+             timeout=HANG)  # fmt: skip
+
+
+def test_an_agent_killed_and_restarted_replaces_its_program_without_cutting_a_flow(lab: Lab) -> None:
+    n1, n2 = lab.nodes[:2]
+    a = next(p for p in routed(lab) if p.node is n1)
+    b = next(p for p in routed(lab) if p.node is n2)
+    old = ours_on(n1)
+    sink = Sink(b.ns, socket.AF_INET, 7300)
+    try:
+        n1.kill()  # kill -9: the program stays on the devices and keeps shortcutting
+        assert ours_on(n1) == old
+        sent, got, _ = send(a.ns, b.ip4, 7300)
+        assert got == sent
+        n1.start()
+        n1.wait_ready()
+        wait_for("one program per device, the new agent's", lambda: attached_everywhere(lab) and all(
+            len(ids) == 1 and ids[0] not in old.get(dev, []) for dev, ids in ours_on(n1).items()),
+            timeout=HANG)  # fmt: skip
+        sent, got, _ = send(a.ns, b.ip4, 7300)
+        assert got == sent
+        assert redirected(n1)["out"] > 100  # the new agent's counters: the flow took its program
+    finally:
+        sink.close()
+
+
+def test_turning_it_off_takes_the_program_off_every_device_and_pods_still_talk(lab: Lab) -> None:
+    n1, n2 = lab.nodes[:2]
+    a = next(p for p in routed(lab) if p.node is n1)
+    b = next(p for p in routed(lab) if p.node is n2)
+    sink = Sink(b.ns, socket.AF_INET, 7400)
+    try:
+        n1.write_config()  # picked up within a second: the cluster network restarts without the redirect
+        wait_for("no program on node-1", lambda: ours_on(n1) == {}, timeout=HANG)
+        n1.wait_ready()
+        sent, got, _ = send(a.ns, b.ip4, 7400)
+        assert got == sent
+    finally:
+        n1.write_config(extra=REDIRECT)
+        sink.close()
+    wait_for("back on every device", lambda: attached_everywhere(lab), timeout=HANG)
