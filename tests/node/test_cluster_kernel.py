@@ -10,7 +10,6 @@ import ipaddress
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from cni.cluster.config import ClusterConfig
 from cni.cluster.model import NodeInfo
 from cni.cluster.plan import RouteSpec, State, changes
 from cni.dataplane.bridge import ensure_bridge
-from cni.dataplane.netns import entered
 from cni.dataplane.rtnl import Rtnl
 from cni.install import network
 from cni.netconf import BridgeConf
@@ -31,39 +29,13 @@ from cni.nodesubnets import NodeSubnets
 from nodeplug.paths import Root
 
 from support.host import needs_root, sh
+from support.innetns import inside
 from support.scriptedkube import scripted_client
 from support.wait import eventually
 
 pytestmark = needs_root
 net, ip = ipaddress.ip_network, ipaddress.ip_address
 PROTO = 110
-
-
-def inside(ns: str, fn: Callable[[Rtnl], Any]) -> Any:
-    """Run ``fn`` with a netlink socket of netns ``ns``, on a thread that stays there for it."""
-    out: list[Any] = []
-    err: list[BaseException] = []
-
-    def run() -> None:
-        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-        try:
-            with entered(fd):
-                nl = Rtnl()
-                try:
-                    out.append(fn(nl))
-                finally:
-                    nl.close()
-        except BaseException as e:
-            err.append(e)
-        finally:
-            os.close(fd)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if err:
-        raise err[0]
-    return out[0]
 
 
 @pytest.fixture

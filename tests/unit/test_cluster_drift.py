@@ -8,7 +8,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cni.cluster.drift import drift_in
+from cni.cluster.drift import drift_in, pod_links_in
 from cni.dataplane.names import BRIDGE_ALIAS
 from cni.dataplane.rtnl import RTM_DELLINK, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWLINK, RTM_NEWROUTE
 
@@ -78,3 +78,17 @@ def test_truncated_and_garbled_events_do_not_make_it_raise(types: list[int], bod
     data = b"".join(message(t, body) for t in types)
     for cut in range(0, len(data), 7):
         assert isinstance(drift_in(data[:cut], PROTO, lambda: 7), str)
+
+
+def test_pod_veths_and_the_pod_bridge_coming_and_going_are_told_apart_for_the_redirect() -> None:
+    for msg_type in (RTM_NEWLINK, RTM_DELLINK):
+        assert pod_links_in(link(msg_type, "veth0123abcd"))
+        assert pod_links_in(link(msg_type, "cni0", BRIDGE_ALIAS))
+        assert not pod_links_in(link(msg_type, "eth0"))
+    assert not pod_links_in(route(RTM_DELROUTE, PROTO))
+    assert pod_links_in(route(RTM_DELROUTE, PROTO) + link(RTM_NEWLINK, "veth0123abcd"))  # anywhere in the datagram
+
+
+@given(st.binary(max_size=512))
+def test_any_datagram_is_read_without_raising_for_the_redirect(data: bytes) -> None:
+    assert pod_links_in(data) in (True, False)
