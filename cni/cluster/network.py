@@ -58,6 +58,7 @@ from cni.cluster.ownnode import OwnNode
 from cni.cluster.plan import Local, State, changes, desired
 from cni.dataplane import sysctl
 from cni.dataplane.rtnl import Rtnl
+from cni.errors import CniError
 from cni.nodesubnets import NodeSubnets, SubnetsError, read
 from cni.redirect import manager as redirect
 from nodeplug.fsutil import write_atomic
@@ -125,6 +126,8 @@ class ClusterNetwork:
         self._redirect_devices: tuple[int, ...] = ()  # the underlay and VXLAN device of the last pass
         self._redirect_pending = False  # a sync for pod veths queued on the netlink thread
         self._redirect_cleared = False  # redirect off: programs of an earlier agent taken off (once)
+        self._held_wait = 0.0  # pods held by the quarantine: the wait before the redirect looks again
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
 
     def _dirty_full(self) -> None:
@@ -140,6 +143,7 @@ class ClusterNetwork:
         except SubnetsError as e:
             self.log.warning("ignoring the subnets file of an earlier run", error=str(e))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cluster-net")
+        self._loop = asyncio.get_running_loop()
         self._drift = drift.DriftWatch(self.cfg.route_protocol)
         asyncio.get_running_loop().add_reader(self._drift.fileno(), self._kernel_changed)
         self._follower = asyncio.create_task(self._follow(), name="cluster-watch")
@@ -232,8 +236,14 @@ class ClusterNetwork:
             return []
         try:
             done = self.redirect.sync(self._nl, devices)
-        except (redirect.RedirectError, OSError) as e:
+        except (redirect.RedirectError, OSError, CniError) as e:
             return [str(e)]
+        if done.held:  # the policy agent lets their addresses go as it learns of the pods: look again, less often
+            self._held_wait = min(max(self._held_wait * 2, 1.0), self.cfg.resync_seconds)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.call_later, self._held_wait, self._queue_redirect_sync)
+        else:
+            self._held_wait = 0.0
         if done.attached or done.replaced:
             self.log.info("cluster network: redirect attached", devices=",".join(done.attached),
                           replaced=",".join(done.replaced), pods=done.pods)  # fmt: skip

@@ -102,7 +102,8 @@ class Map(Fd):
             raise
         return v.raw
 
-    def keys(self) -> list[bytes]:
+    def walk(self) -> list[bytes]:
+        """Every key of the map, in the kernel's order."""
         out: list[bytes] = []
         nxt = ctypes.create_string_buffer(self.key_size)
         prev: ctypes.Array[ctypes.c_char] | None = None

@@ -6,7 +6,11 @@ a pod's veth comes or goes (:mod:`cni.cluster.drift`):
 
 - the program on the ingress of every routed pod's host-side veth (``veth`` + hex digits, nodeplug's alias, no
   bridge above it: bridged pods keep the bridge's path) and of the devices other nodes' packets arrive by (the
-  underlay and the VXLAN device), and each such veth in the map of pods;
+  underlay and the VXLAN device: the ways in);
+- the map of devices the program consults: each such veth :data:`~cni.redirect.program.READY`, or
+  :data:`~cni.redirect.program.HELD` while the quarantine holds one of its pod's addresses (its host routes), and
+  each way in :data:`~cni.redirect.program.UPLINK`. A held pod is looked at again after 1 s, then less and less
+  often (:mod:`cni.cluster.network`): the policy agent lets its addresses go once it has the pod's rules in place;
 - an earlier agent's program (another load: an agent restarted, killed or upgraded) taken off wherever it is,
   after this one is on, so that no packet finds neither; entries of veths that are gone leave the map;
 - ``net.netfilter.nf_conntrack_tcp_be_liberal`` = 1 (:mod:`cni.redirect.program` says why).
@@ -27,7 +31,8 @@ from prometheus_client.core import CounterMetricFamily
 
 from cni.dataplane import sysctl
 from cni.dataplane.names import ALIAS_PREFIX, is_host_veth_name
-from cni.dataplane.nl import Rtnl, link_kind, links
+from cni.dataplane.nl import AF_INET, AF_INET6, Rtnl, link_kind, links, routes
+from cni.policy import quarantine
 from cni.redirect import bpf, program
 from cni.redirect.btf import BtfError
 
@@ -48,6 +53,7 @@ class Synced:
     devices: int = 0
     attached: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # an earlier agent's program taken off
+    held: int = 0  # pods left on the ordinary path while the quarantine holds an address of theirs
     problems: list[str] = field(default_factory=list)
 
 
@@ -102,7 +108,7 @@ class Redirect:
         self.pods: bpf.Map | None = None
         self.stats: bpf.Map | None = None
         self.prog_id = 0
-        self.known: set[int] = set()  # the map's keys as last written
+        self.known: dict[int, int] = {}  # the map as last written: ifindex -> program.READY, HELD or UPLINK
 
     def load(self) -> None:
         """Load the program and its maps (once); RedirectError naming what this kernel lacks."""
@@ -131,13 +137,18 @@ class Redirect:
         out = Synced()
         sysctl.ensure(BE_LIBERAL, "1", missing_ok=True)  # absent until conntrack is loaded: set at a later sync
         veths = pod_veths(nl)
-        for index in veths.keys() - self.known:
-            self.pods.update(_U32.pack(index), _U32.pack(1))
-        for index in self.known - veths.keys():
+        devices = set(devices)
+        held = self._held(nl, veths, out)
+        kinds = {i: program.HELD if i in held else program.READY for i in veths}
+        kinds |= {i: program.UPLINK for i in devices}
+        for index, kind in kinds.items():
+            if self.known.get(index) != kind:
+                self.pods.update(_U32.pack(index), _U32.pack(kind))
+        for index in self.known.keys() - kinds.keys():
             self.pods.delete(_U32.pack(index))
-        self.known = set(veths)
-        names = {i: n for i, n in veths.items()}
-        want = set(veths) | set(devices)
+        self.known = kinds
+        out.held = len(held)
+        want = set(veths) | devices
         for msg in links(nl):
             index = int(msg["index"])
             name = str(msg.get("IFLA_IFNAME") or index)
@@ -163,8 +174,27 @@ class Redirect:
                 _take_off(index, self.prog_id)
             if index in want:
                 out.devices += 1
-        out.pods = len(names)
+        out.pods = len(veths)
         return out
+
+    @staticmethod
+    def _held(nl: Rtnl, veths: dict[int, str], out: Synced) -> set[int]:
+        """The pod veths with an address the quarantine holds (each pod's addresses: its host routes); every one
+        when the quarantine cannot be read (closed, as the quarantine itself)."""
+        try:
+            held = quarantine.held()
+        except quarantine.QuarantineError as e:
+            out.problems.append(f"pods kept on the ordinary path: {e}")
+            return set(veths)
+        if not held:
+            return set()
+        found: set[int] = set()
+        for family in (AF_INET, AF_INET6):
+            for msg in routes(nl, family):
+                oif = msg.get("RTA_OIF")
+                if oif in veths and str(msg.get("RTA_DST")) in held:
+                    found.add(int(oif))
+        return found
 
     def counters(self) -> dict[str, int]:
         """Packets handed over since this load: ``peer`` (into a pod of this node), ``out`` (from a pod)."""
@@ -183,7 +213,7 @@ class Redirect:
             if fd is not None:
                 fd.close()
         self.prog = self.pods = self.stats = None
-        self.known = set()
+        self.known = {}
 
 
 class Counters:

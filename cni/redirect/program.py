@@ -14,8 +14,12 @@ the device it would be forwarded to when, and only when, all of these hold:
 - the IPv4 header has no options and is not a fragment; the IPv6 header is followed directly by TCP or UDP; the TTL
   or hop limit is above 1; the destination is not link-local or multicast;
 - the routing table (``bpf_fib_lookup``, which also checks the MTU and needs a resolved neighbour) forwards it, and
-  either to a pod of this node (a device in the map of pod veths: the packet goes into the pod's namespace at once,
-  ``bpf_redirect_peer``) or, from a pod, out of another device (``bpf_redirect`` to that device's transmit).
+  the map of devices agrees: from a ready pod's veth or a way in (:data:`READY`, :data:`UPLINK`) either into a
+  ready pod of this node (the packet goes into the pod's namespace at once, ``bpf_redirect_peer``) or, from a pod,
+  out of a way in (``bpf_redirect`` to that device's transmit). A pod's veth marked :data:`HELD` (the quarantine,
+  :mod:`cni.policy.quarantine`, holds its addresses: its drop rules on the forward hook must see every packet to and
+  from them, since a conntrack entry of the address's previous pod may still be established) and any device not in
+  the map (a pod's veth made since the map was last written) get nothing shortcut.
 
 The packet is forwarded as the kernel would forward it: TTL or hop limit one less (the IPv4 header checksum updated),
 source and destination MAC from the route's device and neighbour. Anything else returns ``TCX_NEXT``: the next
@@ -37,6 +41,8 @@ from cni.redirect.asm import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Asm
 
 NAME = "nodeplug_redir"
 PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
+# the map of devices: a pod's veth, one whose addresses the quarantine holds, a way in from other nodes
+READY, HELD, UPLINK = 1, 2, 3
 
 # helpers by number (include/uapi/linux/bpf.h)
 MAP_LOOKUP_ELEM, SKB_STORE_BYTES, L3_CSUM_REPLACE, REDIRECT, SKB_LOAD_BYTES, FIB_LOOKUP, REDIRECT_PEER = (
@@ -110,6 +116,16 @@ def _copy(a: Asm, dst: int, src: int, size: int) -> None:
         a.stx(4, R10, dst + i, R2)
 
 
+def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
+    """``r0 = map[*(u32 *)(base + off)]`` (NULL when absent)."""
+    a.ldx(4, R2, base, off)
+    a.stx(4, R10, KEY, R2)
+    a.load_map(R1, map_fd)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=KEY)
+    a.call(MAP_LOOKUP_ELEM)
+
+
 def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
@@ -142,34 +158,12 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
     a.ldx(1, R2, R10, HDR + f.ttl)
     a.jmp("jle", "pass", R2, imm=1)
     a.ldx(1, R7, R10, HDR + f.l4)
-    a.jmp("jeq", f"{p}tuple", R7, imm=17)
+    a.jmp("jeq", f"{p}route", R7, imm=17)
     a.jmp("jne", "pass", R7, imm=6)
     a.ldx(1, R2, R10, HDR + f.hdr_len + 13)  # TCP flags
     a.jmp("jset", "pass", R2, imm=0x07)  # FIN, SYN, RST
-    a.label(f"{p}tuple")
-    _copy(a, TUPLE, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
-    a.st(8, R10, OPTS, 0)
-    a.st(8, R10, OPTS + 8, 0)
-    a.st(4, R10, OPTS, CURRENT_NETNS)
-    a.stx(1, R10, OPTS + 8, R7)
-    a.mov(R1, R6)
-    a.mov(R2, R10)
-    a.alu("add", R2, imm=TUPLE)
-    a.mov(R3, imm=f.tuple_size)
-    a.mov(R4, R10)
-    a.alu("add", R4, imm=OPTS)
-    a.mov(R5, imm=CT_OPTS_SIZE)
-    a.kfunc(k.ct_lookup)
-    a.jmp("jeq", "pass", R0, imm=0)
-    a.ldx(8, R9, R0, k.ct_status)
-    a.mov(R1, R0)
-    a.kfunc(k.ct_release)
-    a.mov(R2, R9)
-    a.alu("and", R2, imm=NEED)
-    a.jmp("jne", "pass", R2, imm=NEED)
-    a.alu("and", R9, imm=FORBID)
-    a.jmp("jne", "pass", R9, imm=0)
-    # the route
+    a.label(f"{p}route")
+    # the route (also turns away, cheaply, the node's own traffic on a way in)
     for off in range(0, FIB_SIZE, 8):
         a.st(8, R10, FIB + off, 0)
     a.st(1, R10, FIB, f.af)
@@ -192,22 +186,47 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
     a.stx(4, R10, OUTIF, R9)
     a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
     a.jmp("jeq", "pass", R2, src=R9)  # back where it came from: not ours to shortcut
-    # into a pod of this node, or out from a pod
-    a.stx(4, R10, KEY, R9)
-    a.load_map(R1, pods_fd)
-    a.mov(R2, R10)
-    a.alu("add", R2, imm=KEY)
-    a.call(MAP_LOOKUP_ELEM)
-    a.mov(R8, imm=PEER)
-    a.jmp("jne", f"{p}rewrite", R0, imm=0)
-    a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
-    a.stx(4, R10, KEY, R2)
-    a.load_map(R1, pods_fd)
-    a.mov(R2, R10)
-    a.alu("add", R2, imm=KEY)
-    a.call(MAP_LOOKUP_ELEM)
+    # where it came from: a ready pod or a way in (the program is on nothing else; a held pod's packets are not ours)
+    _lookup(a, pods_fd, R6, SKB_INGRESS_IFINDEX)
     a.jmp("jeq", "pass", R0, imm=0)
+    a.ldx(4, R7, R0, 0)  # the way in's kind, kept across the next call
+    a.jmp("jeq", f"{p}where", R7, imm=READY)
+    a.jmp("jne", "pass", R7, imm=UPLINK)
+    a.label(f"{p}where")
+    # where it goes: into a ready pod of this node, or from a pod out of a way in
+    _lookup(a, pods_fd, R10, OUTIF)
+    a.jmp("jeq", "pass", R0, imm=0)
+    a.ldx(4, R2, R0, 0)
+    a.mov(R8, imm=PEER)
+    a.jmp("jeq", f"{p}ct", R2, imm=READY)
+    a.jmp("jne", "pass", R2, imm=UPLINK)
+    a.jmp("jne", "pass", R7, imm=READY)
     a.mov(R8, imm=OUT)
+    # the flow: established both ways, untranslated
+    a.label(f"{p}ct")
+    _copy(a, TUPLE, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
+    a.st(8, R10, OPTS, 0)
+    a.st(8, R10, OPTS + 8, 0)
+    a.st(4, R10, OPTS, CURRENT_NETNS)
+    a.ldx(1, R2, R10, HDR + f.l4)
+    a.stx(1, R10, OPTS + 8, R2)
+    a.mov(R1, R6)
+    a.mov(R2, R10)
+    a.alu("add", R2, imm=TUPLE)
+    a.mov(R3, imm=f.tuple_size)
+    a.mov(R4, R10)
+    a.alu("add", R4, imm=OPTS)
+    a.mov(R5, imm=CT_OPTS_SIZE)
+    a.kfunc(k.ct_lookup)
+    a.jmp("jeq", "pass", R0, imm=0)
+    a.ldx(8, R9, R0, k.ct_status)
+    a.mov(R1, R0)
+    a.kfunc(k.ct_release)
+    a.mov(R2, R9)
+    a.alu("and", R2, imm=NEED)
+    a.jmp("jne", "pass", R2, imm=NEED)
+    a.alu("and", R9, imm=FORBID)
+    a.jmp("jne", "pass", R9, imm=0)
     a.label(f"{p}rewrite")
     if f.v == 4:  # TTL - 1 (it is above 1) and the header checksum with it
         a.ldx(2, R7, R10, HDR + f.ttl)  # TTL and protocol as one 16-bit word
@@ -248,8 +267,8 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
 
 
 def build(k: Kernel, pods_fd: int, stats_fd: int) -> bytes:
-    """The program's instructions, using the map of pod veths ``pods_fd`` (u32 ifindex -> u32) and the per-CPU
-    counters ``stats_fd`` (u32 index -> u64)."""
+    """The program's instructions, using the map of devices ``pods_fd`` (u32 ifindex -> :data:`READY`,
+    :data:`HELD` or :data:`UPLINK`) and the per-CPU counters ``stats_fd`` (u32 index -> u64)."""
     a = Asm()
     a.mov(R6, R1)
     a.ldx(4, R2, R6, SKB_PKT_TYPE)

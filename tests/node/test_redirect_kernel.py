@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
+from cni.cluster import teardown
 from cni.dataplane.rtnl import Rtnl
+from cni.policy import quarantine
 from cni.redirect import bpf, btf, manager, program
 
 from support.host import needs_root, sh
@@ -67,6 +69,12 @@ def ours(ns: str) -> dict[str, list[int]]:
     return found
 
 
+def mapped(r: manager.Redirect) -> dict[int, int]:
+    """The map of devices the loaded program consults: ifindex -> kind."""
+    assert r.pods is not None
+    return {int.from_bytes(k, "little"): int.from_bytes(r.pods.lookup(k) or b"", "little") for k in r.pods.walk()}
+
+
 def index_of(ns: str, name: str) -> int:
     got: int = inside(ns, lambda _: socket.if_nametoindex(name))
     return got
@@ -91,17 +99,19 @@ def test_a_sync_attaches_to_routed_pod_veths_and_the_given_devices_only_and_foll
         got = ours(node)
         assert set(got) == {"veth0123abcd", "eth0"}
         assert all(ids == [r.prog_id] for ids in got.values())
-        assert r.pods is not None and r.pods.keys() == [index_of(node, "veth0123abcd").to_bytes(4, "little")]
+        veth, eth0_kind = index_of(node, "veth0123abcd"), program.UPLINK
+        assert mapped(r) == {veth: program.READY, eth0: eth0_kind}
         # a second routed pod comes, the first goes
         sh("ip", "-n", node, "link", "add", "veth00000001", "type", "veth", "peer", "name", "pod2")
         sh("ip", "-n", node, "link", "set", "veth00000001", "alias", "nodeplug veth00000001 kubenet")
         sh("ip", "-n", node, "link", "del", "veth0123abcd")
         inside(node, lambda nl: r.sync(nl, [eth0]))
         assert set(ours(node)) == {"veth00000001", "eth0"}
-        assert r.pods.keys() == [index_of(node, "veth00000001").to_bytes(4, "little")]
+        assert mapped(r) == {index_of(node, "veth00000001"): program.READY, eth0: program.UPLINK}
         # the device no longer given (the VXLAN device gone from the mode, another underlay): taken off
         inside(node, lambda nl: r.sync(nl, []))
         assert set(ours(node)) == {"veth00000001"}
+        assert mapped(r) == {index_of(node, "veth00000001"): program.READY}
     finally:
         inside(node, manager.detach_all)
         r.close()
@@ -131,4 +141,36 @@ def test_the_counters_start_at_zero_for_a_new_load() -> None:
         r.load()
         assert r.counters() == {"peer": 0, "out": 0}
     finally:
+        r.close()
+
+
+def test_a_pod_whose_address_the_quarantine_holds_is_marked_held_until_let_go(node: str) -> None:
+    """The quarantine's drop rules must see every packet of a held address: the map marks its veth held."""
+    sh("ip", "-n", node, "link", "set", "veth0123abcd", "up")
+    sh("ip", "-n", node, "route", "add", "10.244.1.5/32", "dev", "veth0123abcd")
+    r = manager.Redirect()
+    key = index_of(node, "veth0123abcd")
+    try:
+        inside(node, lambda _: quarantine.setup())
+        assert inside(node, lambda _: quarantine.hold(["10.244.1.5"])) is True
+        done = inside(node, lambda nl: r.sync(nl, []))
+        assert done.held == 1
+        assert mapped(r)[key] == program.HELD
+        sh("ip", "netns", "exec", node, "nft", "flush", "set", "inet", quarantine.TABLE, "q4")  # let go
+        assert inside(node, lambda nl: r.sync(nl, [])).held == 0
+        assert mapped(r)[key] == program.READY
+    finally:
+        inside(node, manager.detach_all)
+        r.close()
+
+
+def test_the_uninstalls_removal_takes_the_program_off(node: str) -> None:
+    r = manager.Redirect()
+    try:
+        inside(node, lambda nl: r.sync(nl, [index_of(node, "eth0")]))
+        done = inside(node, lambda nl: teardown.remove(nl, 110, None))
+        assert any("redirect program off 2 device(s)" in line for line in done.removed)
+        assert ours(node) == {}
+    finally:
+        inside(node, manager.detach_all)
         r.close()
