@@ -21,6 +21,10 @@ keeps the IPAM on this node's podCIDRs. This node's own Node object gives:
 - its first InternalIP, the VXLAN device's local address, published with the device's MAC as annotations on the
   Node (a merge patch of exactly those two keys) so that peers can program their FDB and neighbours.
 
+With ``redirect`` on, each full pass (and a change of the underlay or VXLAN device) also brings the redirect in line
+(:mod:`cni.redirect.manager`), and so does a pod's veth coming or going, as the kernel announces it, on the netlink
+thread between passes; with it off, the first full pass takes an earlier agent's program off.
+
 The kernel is changed only while this agent holds the cluster network's lock and no uninstall is requested
 (:mod:`cni.cluster.uninstall`). A guard task looks at the uninstall marker every
 :data:`~cni.cluster.uninstall.POLL_SECONDS`: when it appears, no further pass starts, the one under way finishes
@@ -126,6 +130,7 @@ class ClusterNetwork:
         self._redirect_devices: tuple[int, ...] = ()  # the underlay and VXLAN device of the last pass
         self._redirect_pending = False  # a sync for pod veths queued on the netlink thread
         self._redirect_cleared = False  # redirect off: programs of an earlier agent taken off (once)
+        self._redirect_problems: list[str] = []  # what the last redirect sync found wrong
         self._held_wait = 0.0  # pods held by the quarantine: the wait before the redirect looks again
         self._loop: asyncio.AbstractEventLoop | None = None
         self.role = "starting"  # managing (holding the lock) | removed (an uninstall asked) | waiting (lock taken)
@@ -218,9 +223,10 @@ class ClusterNetwork:
         self._redirect_pending = False
         if self.role != "managing":
             return
-        problems = self._redirect_sync(self._redirect_devices)
-        for line in problems:
-            self.log.warning("cluster network: redirect", problem=line)
+        before = self._redirect_problems
+        for line in self._redirect_sync(self._redirect_devices):
+            if line not in before:  # the next pass makes it a finding (an Event) too
+                self.log.warning("cluster network: redirect", problem=line)
 
     def _redirect_sync(self, devices: tuple[int, ...]) -> list[str]:
         """On the netlink thread: the redirect in line with this netns (:mod:`cni.redirect.manager`), or, with it
@@ -229,7 +235,12 @@ class ClusterNetwork:
             self._nl = Rtnl()
         if self.redirect is None:
             if not self._redirect_cleared:
-                gone = redirect.detach_all(self._nl)
+                try:
+                    gone = redirect.detach_all(self._nl)
+                except OSError as e:
+                    self._redirect_problems = [f"cannot take an earlier agent's redirect program off: {e}"]
+                    return self._redirect_problems
+                self._redirect_problems = []
                 if gone:
                     self.log.info("cluster network: redirect is off; took its program off", devices=",".join(gone))
                 self._redirect_cleared = True
@@ -237,7 +248,8 @@ class ClusterNetwork:
         try:
             done = self.redirect.sync(self._nl, devices)
         except (redirect.RedirectError, OSError, CniError) as e:
-            return [str(e)]
+            self._redirect_problems = [str(e)]
+            return self._redirect_problems
         if done.held:  # the policy agent lets their addresses go as it learns of the pods: look again, less often
             self._held_wait = min(max(self._held_wait * 2, 1.0), self.cfg.resync_seconds)
             if self._loop is not None:
@@ -247,6 +259,7 @@ class ClusterNetwork:
         if done.attached or done.replaced:
             self.log.info("cluster network: redirect attached", devices=",".join(done.attached),
                           replaced=",".join(done.replaced), pods=done.pods)  # fmt: skip
+        self._redirect_problems = done.problems
         return done.problems
 
     def _drift_pass(self) -> None:
@@ -534,7 +547,8 @@ class ClusterNetwork:
         devices = tuple(i for i in (underlay.ifindex if underlay is not None else None, vx_index) if i is not None)
         if full or devices != self._redirect_devices:
             self._redirect_devices = devices
-            out.problems += self._redirect_sync(devices)
+            self._redirect_sync(devices)
+        out.problems += self._redirect_problems  # findings last while they hold: every pass carries them
         return out
 
     def _write_subnets(self, want: NodeSubnets) -> None:

@@ -109,23 +109,28 @@ class Redirect:
         self.stats: bpf.Map | None = None
         self.prog_id = 0
         self.known: dict[int, int] = {}  # the map as last written: ifindex -> program.READY, HELD or UPLINK
+        self.unavailable = ""  # why this kernel cannot run it, once found
 
     def load(self) -> None:
         """Load the program and its maps (once); RedirectError naming what this kernel lacks."""
         if self.prog is not None:
             return
+        if self.unavailable:  # this kernel will not grow it while the agent runs
+            raise RedirectError(self.unavailable)
         try:
             kernel = program.Kernel.read()
             pods = bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods")
             stats = bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats")
         except (BtfError, bpf.BpfError) as e:
-            raise RedirectError(f"redirect unavailable: {e}") from None
+            self.unavailable = f"redirect unavailable: {e}"
+            raise RedirectError(self.unavailable) from None
         try:
             prog = bpf.load(program.build(kernel, pods.fd, stats.fd), program.NAME)
         except bpf.BpfError as e:
             pods.close()
             stats.close()
-            raise RedirectError(f"redirect unavailable: the kernel refused the program: {e}") from None
+            self.unavailable = f"redirect unavailable: the kernel refused the program: {e}"
+            raise RedirectError(self.unavailable) from None
         self.prog, self.pods, self.stats = prog, pods, stats
         self.prog_id = bpf.prog_info(prog).id
 
@@ -162,7 +167,9 @@ class Redirect:
                 try:
                     bpf.attach(index, self.prog)
                 except bpf.BpfError as e:
-                    if e.errno != 19:  # ENODEV: a pod's veth deleted meanwhile
+                    if e.errno == 22:  # EINVAL: no tcx
+                        out.problems.append(f"{name}: cannot attach: {e.strerror} (tcx needs Linux 6.6 or later)")
+                    elif e.errno != 19:  # ENODEV: a pod's veth deleted meanwhile
                         out.problems.append(f"{name}: cannot attach: {e.strerror}")
                     continue
                 out.attached.append(name)

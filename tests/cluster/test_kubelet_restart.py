@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from support.clusterdra import claim_pod, template, wait_published
 
@@ -27,18 +26,9 @@ pytestmark = pytest.mark.usefixtures("dratest_resource")
 REGISTRATION = "/pluginregistration.Registration/NotifyRegistrationStatus"
 
 
-def sample(cluster: Cluster, name: str, **labels: str) -> float:
-    """One sample of the agent's metrics (0 when absent)."""
-    for family in text_string_to_metric_families(cluster.metrics()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
-
-
 def announced(cluster: Cluster) -> dict[str, float]:
     """How often kubelet has told each registration socket of the agent that it registered the driver."""
-    return {p: sample(cluster, "nodeplug_rpc_total", plugin=p, method=REGISTRATION, code="OK") for p in ("csi", "dra")}
+    return {p: cluster.sample("nodeplug_rpc_total", plugin=p, method=REGISTRATION, code="OK") for p in ("csi", "dra")}
 
 
 def container(cluster: Cluster, ns: str, pod: str) -> tuple[str, int]:
@@ -74,15 +64,15 @@ def test_a_kubelet_restart_keeps_pods_and_devices_and_the_plugins_come_back(
                   claim_pod(cluster, "keeps-claim", "held"))  # fmt: skip
     cluster.wait_running(ns, "keeps-fuse", "keeps-claim")
     before = {p: container(cluster, ns, p) for p in ("keeps-fuse", "keeps-claim")}
-    registered = sample(cluster, "nodeplug_deviceplugin_registrations_total", resource="fuse", result="ok")
+    registered = cluster.sample("nodeplug_deviceplugin_registrations_total", resource="fuse", result="ok")
     was_announced = announced(cluster)
     assert registered >= 1 and all(n >= 1 for n in was_announced.values()), (registered, was_announced)
 
     cluster.restart("kubelet")
 
-    cluster.wait("the fuse resource registered with the new kubelet and its stream open", lambda: sample(
-        cluster, "nodeplug_deviceplugin_registrations_total", resource="fuse", result="ok") > registered
-        and sample(cluster, "nodeplug_deviceplugin_streams", resource="fuse") >= 1, 120)  # fmt: skip
+    cluster.wait("the fuse resource registered with the new kubelet and its stream open", lambda: cluster.sample(
+        "nodeplug_deviceplugin_registrations_total", resource="fuse", result="ok") > registered
+        and cluster.sample("nodeplug_deviceplugin_streams", resource="fuse") >= 1, 120)  # fmt: skip
     cluster.wait("CSI and DRA announced to the new kubelet",
                  lambda: all(n > was_announced[p] for p, n in announced(cluster).items()), 120)  # fmt: skip
     # A restarted kubelet learns its pods from the API server again before it serves exec for them ("pod does not

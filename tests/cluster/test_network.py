@@ -36,3 +36,18 @@ def test_pods_get_addresses_and_reach_each_other(cluster: Cluster, ns: str) -> N
     # Go's TLS server answers plain HTTP with a plain 400: the API server, not anything else, is there.
     reply = cluster.exec(ns, "a", "sh", "-c", f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {host} {port}")
     assert "Client sent an HTTP request to an HTTPS server" in reply, reply
+
+
+def test_an_established_flow_between_pods_goes_past_the_forwarding_path(cluster: Cluster, ns: str) -> None:
+    """The shipped config has ``cluster_network.redirect`` on: once a TCP connection between two pods is established,
+    its packets are handed from one pod's veth into the other pod, and the agent counts them."""
+    serve = "mkdir -p /w && dd if=/dev/zero of=/w/big bs=1M count=32 2>/dev/null && httpd -f -p 8080 -h /w"
+    cluster.apply(ns, cluster.pod("srv", "sh", "-c", serve), cluster.pod("cli"))
+    cluster.wait_running(ns, "srv", "cli")
+    ip = pod_ips(cluster, ns, "srv")["srv"]
+    before = cluster.sample("nodeplug_cluster_redirected_packets_total", way="peer")
+    url = f"http://{ip}:8080/big"
+    fetch = f"for i in 1 2 3 4 5; do wget -q -O - {url} && break; sleep 1; done | wc -c"  # until httpd listens
+    got = cluster.exec(ns, "cli", "sh", "-c", fetch)
+    assert got.strip() == str(32 << 20)
+    assert cluster.sample("nodeplug_cluster_redirected_packets_total", way="peer") - before > 100

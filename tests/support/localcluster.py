@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from support.host import REPO
 
@@ -117,6 +118,14 @@ class Cluster:
     def metrics(self) -> str:
         """The agent's /metrics, through the API server's proxy to its pod (as a scraper in the cluster reads it)."""
         return self.agent_http("/metrics")
+
+    def sample(self, name: str, **labels: str) -> float:
+        """One sample of the first node's agent's metrics (0 when absent)."""
+        for family in text_string_to_metric_families(self.metrics()):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return float(s.value)
+        return 0.0
 
     def agent_http(self, path: str) -> str:
         """``path`` of the first node's agent's HTTP server (``/metrics``, ``/readyz``), through the API server's proxy
