@@ -9,6 +9,7 @@ A missing or wrong route, FDB or neighbour entry, or a peer the mode cannot rout
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,6 +126,64 @@ async def pod_space(cfg: ClusterConfig, kube: KubeClient | None) -> str:
     return f"every Node's podCIDRs inside {', '.join(cfg.cluster_cidrs)}"
 
 
+def _redirect_seen(node: NodeInfo | None, underlay: str) -> tuple[list[str], int, int]:
+    """In this netns: the routed pods' veths and ways in without exactly one nodeplug redirect program; how many of
+    each there are."""
+    from cni.dataplane.rtnl import Rtnl
+    from cni.redirect import bpf, manager, program
+
+    nl = Rtnl()
+    try:
+        veths = manager.pod_veths(nl)
+        ways: dict[int, str] = {}
+        vx = kernel.vxlan_index(nl)
+        if vx is not None:
+            ways[vx] = kernel.VXLAN_DEVICE
+        if node is not None and node.internal_ips:
+            with contextlib.suppress(kernel.KernelError):
+                under = kernel.underlay_of(nl, node.internal_ips[0], underlay)
+                ways[under.ifindex] = under.name
+    finally:
+        nl.close()
+    problems: list[str] = []
+    for index, name in sorted({**veths, **ways}.items(), key=lambda kv: kv[1]):
+        try:
+            ours = 0
+            for pid in bpf.attached(index):
+                with contextlib.suppress(bpf.BpfError), bpf.prog_by_id(pid) as p:
+                    ours += bpf.prog_info(p).name == program.NAME
+        except bpf.BpfError as e:
+            problems.append(f"{name}: {e}")
+            continue
+        if ours != 1:
+            problems.append(f"{name}: {ours or 'no'} redirect program{'s' if ours > 1 else ''}")
+    return problems, len(veths), len(ways)
+
+
+async def redirect_attached(cfg: ClusterConfig, kube: KubeClient | None, node: str) -> str:
+    """With ``redirect`` on, the program on every routed pod's veth and on each way in (the underlay of this node's
+    InternalIP, the VXLAN device), once each, as the kernel lists them."""
+    if not cfg.redirect:
+        raise CheckSkipped("cluster_network.redirect is false")
+    from cni.redirect import program
+    from cni.redirect.btf import BtfError
+
+    try:
+        await asyncio.to_thread(program.Kernel.read)
+    except BtfError as e:
+        raise CheckWarning(f"this kernel cannot run it ({e}): pods are forwarded the ordinary way") from None
+    own = None
+    if kube is not None:
+        with contextlib.suppress(KubeError):
+            own = next((n for n in await list_nodes(kube) if n.name == node), None)
+    problems, pods, ways = await asyncio.to_thread(_redirect_seen, own, cfg.vxlan.underlay)
+    summary = f"{pods} routed pod veth(s), {ways} way(s) in"
+    if problems:
+        raise CheckFailed(f"{summary}; " + "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more"
+                                                                       if len(problems) > 8 else ""))  # fmt: skip
+    return f"{summary}, each with the redirect program"
+
+
 def checks(section: ClusterConfig, ctx: AgentContext) -> list[Check]:
     async def routed() -> str:
         return await peers_routed(section, ctx.kube, ctx.node_name)
@@ -132,7 +191,11 @@ def checks(section: ClusterConfig, ctx: AgentContext) -> list[Check]:
     async def space() -> str:
         return await pod_space(section, ctx.kube)
 
+    async def redirect() -> str:
+        return await redirect_attached(section, ctx.kube, ctx.node_name)
+
     return [
         Check("cluster_network", "podCIDRs inside the cluster CIDRs", space),
         Check("cluster_network", "peer pod subnets routed as the mode says", routed),
+        Check("cluster_network", "redirect on every routed pod and way in", redirect),
     ]

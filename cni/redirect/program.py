@@ -126,7 +126,7 @@ def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
     a.call(MAP_LOOKUP_ELEM)
 
 
-def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int, stats_fd: int) -> None:
+def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
     a.mov(R1, R6)
@@ -281,8 +281,8 @@ def build(k: Kernel, pods_fd: int, stats_fd: int) -> bytes:
     a.label("drop")  # a header half rewritten
     a.mov(R0, imm=TC_ACT_SHOT)
     a.exit()
-    _family(a, _V4, k, pods_fd, stats_fd)
-    _family(a, _V6, k, pods_fd, stats_fd)
+    _family(a, _V4, k, pods_fd)
+    _family(a, _V6, k, pods_fd)
     # R8: which way; the counter, then the hand-over
     a.label("count")
     a.stx(4, R10, KEY, R8)

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -331,3 +332,34 @@ def test_a_pod_address_the_quarantine_holds_gets_nothing_past_it(lab: Lab) -> No
         wait_for("the connection goes on once let go", lambda: echoed(c, 2.0), timeout=HANG)
         c.close()
         echo.close()
+
+
+def doctor_line(node: Node) -> str:
+    out = node.ns.exec(
+        sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(node.config), "--root", str(node.root),
+        "--kubeconfig", str(node.kubeconfig), "--node-name", node.name, check=False, timeout=120,
+    )  # fmt: skip
+    return next(x for x in out.splitlines() if "redirect on every" in x)
+
+
+def test_the_doctor_says_where_the_program_is_missing(lab: Lab) -> None:
+    n2 = lab.nodes[1]
+    wait_for("the program on every routed veth and way in", lambda: attached_everywhere(lab), timeout=HANG)
+    line = doctor_line(n2)
+    assert " OK " in line and "1 routed pod veth(s), 2 way(s) in" in line, line
+    veth = next(p.host_veth for p in routed(lab) if p.node is n2)
+
+    def take_off() -> None:  # behind the agent's back, as another tool on the node might
+        index = socket.if_nametoindex(veth)
+        for pid in bpf.attached(index):
+            with bpf.prog_by_id(pid) as p:
+                bpf.detach(index, p)
+
+    n2.ns.call(take_off)
+    try:
+        line = doctor_line(n2)
+        assert " FAIL " in line and f"{veth}: no redirect program" in line, line
+    finally:
+        # the agent puts it back at its next look at the pods (a pod's veth coming and going makes it look)
+        delete(lab.add_pod(n2, "routed"))
+        wait_for("back on every device", lambda: attached_everywhere(lab), timeout=HANG)
