@@ -101,6 +101,15 @@ class Node:
                 raise AssertionError(f"{self.name} not ready in {timeout}s: {status} {body}\n{self.log_tail()}")
             time.sleep(0.1)
 
+    def doctor(self, check: str) -> str:
+        """``nodeplug doctor`` run in the node as an operator runs it in the agent's pod: its line for ``check`` (a
+        piece of the check's title)."""
+        out = self.ns.exec(
+            PYTHON, "-m", "nodeplug.cli", "doctor", "--config", str(self.config), "--root", str(self.root),
+            "--kubeconfig", str(self.kubeconfig), "--node-name", self.name, check=False, timeout=120,
+        )  # fmt: skip
+        return next((x for x in out.splitlines() if check in x), f"no line for {check!r} in:\n{out}")
+
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text()[-n:] if self.log.exists() else ""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,11 +184,7 @@ def test_the_doctor_names_a_podcidr_outside_the_cluster_cidrs(lab: Lab) -> None:
     node = lab.nodes[0]
 
     def line() -> str:
-        out = node.ns.exec(
-            sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(node.config), "--root", str(node.root),
-            "--kubeconfig", str(node.kubeconfig), "--node-name", node.name, check=False, timeout=120,
-        )  # fmt: skip
-        return next(x for x in out.splitlines() if "inside the cluster CIDRs" in x)
+        return node.doctor("inside the cluster CIDRs")
 
     assert " OK " in line()
     lab.api.node("stray", ["172.16.5.0/24"], ["192.168.77.77"])

@@ -187,22 +187,13 @@ def test_auto_mode_routes_the_segment_directly_and_the_routed_node_over_vxlan(la
 
 def test_doctor_checks_every_peer_is_routed_as_the_mode_says(lab: Lab) -> None:
     n1 = lab.nodes[0]
-    out = n1.ns.exec(
-        sys.executable, "-m", "nodeplug.cli", "doctor", "--config",
-        str(n1.config), "--root", str(n1.root), "--kubeconfig", str(n1.kubeconfig), "--node-name", n1.name,
-        check=False, timeout=120,
-    )  # fmt: skip
-    line = next(x for x in out.splitlines() if "peer pod subnets" in x)
-    assert " OK " in line and "direct 4" in line and "vxlan 2" in line, out
+    line = n1.doctor("peer pod subnets")
+    assert " OK " in line and "direct 4" in line and "vxlan 2" in line, line
     # a route of ours taken over behind the agent's back (it leaves routes it does not own alone): the doctor says which
     n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "static")
     try:
-        out = n1.ns.exec(
-            sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(n1.config), "--root",
-            str(n1.root), "--kubeconfig", str(n1.kubeconfig), "--node-name", n1.name, check=False, timeout=120,
-        )  # fmt: skip
-        line = next(x for x in out.splitlines() if "peer pod subnets" in x)
-        assert " FAIL " in line and "node-2" in line and "10.244.2.0/24" in line, out
+        line = n1.doctor("peer pod subnets")
+        assert " FAIL " in line and "node-2" in line and "10.244.2.0/24" in line, line
     finally:
         n1.ns.ip("route", "replace", "10.244.2.0/24", "via", lab.nodes[1].ip4, "proto", "110")
 
@@ -431,11 +422,7 @@ def test_other_modes_after_a_config_reload(lab: Lab, mode: str) -> None:
 
 
 def doctor_line(node: Node) -> str:
-    out = node.ns.exec(
-        sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(node.config), "--root", str(node.root),
-        "--kubeconfig", str(node.kubeconfig), "--node-name", node.name, check=False, timeout=120,
-    )  # fmt: skip
-    return next(x for x in out.splitlines() if "peer pod subnets" in x)
+    return node.doctor("peer pod subnets")
 
 
 def on_path(node: Node, mode: str, lab: Lab) -> bool:

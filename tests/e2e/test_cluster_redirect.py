@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import socket
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -335,11 +334,7 @@ def test_a_pod_address_the_quarantine_holds_gets_nothing_past_it(lab: Lab) -> No
 
 
 def doctor_line(node: Node) -> str:
-    out = node.ns.exec(
-        sys.executable, "-m", "nodeplug.cli", "doctor", "--config", str(node.config), "--root", str(node.root),
-        "--kubeconfig", str(node.kubeconfig), "--node-name", node.name, check=False, timeout=120,
-    )  # fmt: skip
-    return next(x for x in out.splitlines() if "redirect on every" in x)
+    return node.doctor("redirect on every")
 
 
 def test_the_doctor_says_where_the_program_is_missing(lab: Lab) -> None:
