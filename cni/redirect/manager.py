@@ -186,8 +186,9 @@ class Redirect:
 
     @staticmethod
     def _held(nl: Rtnl, veths: dict[int, str], out: Synced) -> set[int]:
-        """The pod veths with an address the quarantine holds (each pod's addresses: its host routes); every one
-        when the quarantine cannot be read (closed, as the quarantine itself)."""
+        """The pod veths with an address the quarantine holds (each pod's addresses: its host routes), and, while it
+        holds any, those without a host route yet (an ADD between making the veth and routing its addresses: they
+        may be held ones); every one when the quarantine cannot be read (closed, as the quarantine itself)."""
         try:
             held = quarantine.held()
         except quarantine.QuarantineError as e:
@@ -196,12 +197,15 @@ class Redirect:
         if not held:
             return set()
         found: set[int] = set()
+        routed: set[int] = set()
         for family in (AF_INET, AF_INET6):
             for msg in routes(nl, family):
                 oif = msg.get("RTA_OIF")
-                if oif in veths and str(msg.get("RTA_DST")) in held:
-                    found.add(int(oif))
-        return found
+                if oif in veths:
+                    routed.add(int(oif))
+                    if str(msg.get("RTA_DST")) in held:
+                        found.add(int(oif))
+        return found | (set(veths) - routed)
 
     def counters(self) -> dict[str, int]:
         """Packets handed over since this load: ``peer`` (into a pod of this node), ``out`` (from a pod)."""

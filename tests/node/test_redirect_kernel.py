@@ -145,20 +145,24 @@ def test_the_counters_start_at_zero_for_a_new_load() -> None:
 
 
 def test_a_pod_whose_address_the_quarantine_holds_is_marked_held_until_let_go(node: str) -> None:
-    """The quarantine's drop rules must see every packet of a held address: the map marks its veth held."""
+    """The quarantine's drop rules must see every packet of a held address: the map marks its veth held, and, while
+    anything is held, a pod veth not yet routed (an ADD between making it and routing it) too."""
     sh("ip", "-n", node, "link", "set", "veth0123abcd", "up")
     sh("ip", "-n", node, "route", "add", "10.244.1.5/32", "dev", "veth0123abcd")
+    sh("ip", "-n", node, "link", "add", "veth00000002", "type", "veth", "peer", "name", "pod3")
+    sh("ip", "-n", node, "link", "set", "veth00000002", "alias", "nodeplug veth00000002 kubenet")
     r = manager.Redirect()
-    key = index_of(node, "veth0123abcd")
+    held, unrouted = index_of(node, "veth0123abcd"), index_of(node, "veth00000002")
     try:
         inside(node, lambda _: quarantine.setup())
+        assert inside(node, lambda nl: r.sync(nl, [])).held == 0  # nothing held: both ready
+        assert mapped(r) == {held: program.READY, unrouted: program.READY}
         assert inside(node, lambda _: quarantine.hold(["10.244.1.5"])) is True
-        done = inside(node, lambda nl: r.sync(nl, []))
-        assert done.held == 1
-        assert mapped(r)[key] == program.HELD
+        assert inside(node, lambda nl: r.sync(nl, [])).held == 2
+        assert mapped(r) == {held: program.HELD, unrouted: program.HELD}
         sh("ip", "netns", "exec", node, "nft", "flush", "set", "inet", quarantine.TABLE, "q4")  # let go
         assert inside(node, lambda nl: r.sync(nl, [])).held == 0
-        assert mapped(r)[key] == program.READY
+        assert mapped(r) == {held: program.READY, unrouted: program.READY}
     finally:
         inside(node, manager.detach_all)
         r.close()
