@@ -58,6 +58,7 @@ class Agent:
         self.kube_source = kube
         self.ctx = AgentContext(root=Root(cfg.root), config_path=config_path, node_name=node_name)
         self.plugins: dict[str, Started] = {}
+        self._starting: str = ""  # the plugin whose start is under way (its sockets may already be there)
         self.http = HealthServer(cfg.http.host, cfg.http.port, self.ctx.metrics, self.readiness)
         self.ctx.metrics.registry.register(
             ReadinessCollector(lambda: {name: r.ready for name, r in self.readiness().items()})
@@ -75,6 +76,8 @@ class Agent:
                 out[name] = plugin.readiness()
             except Exception as e:  # a broken readiness() must not take /readyz down
                 out[name] = Readiness(False, f"readiness check failed: {e}")
+        if self._starting and self._starting not in out:
+            out[self._starting] = Readiness(False, "starting")
         return out
 
     def request_stop(self) -> None:
@@ -110,7 +113,11 @@ class Agent:
 
     async def _start_plugin(self, spec: Spec) -> None:
         log.info("starting plugin", name=spec.name)
-        self.plugins[spec.name] = await spec.start(self.cfg, self.ctx)
+        self._starting = spec.name
+        try:
+            self.plugins[spec.name] = await spec.start(self.cfg, self.ctx)
+        finally:
+            self._starting = ""
 
     async def stop(self) -> None:
         grace = self.cfg.shutdown_grace_seconds

@@ -54,6 +54,9 @@ def test_defaults_serve_every_plugin_and_stop_cleanly(agent: AgentProcess) -> No
         assert p.is_socket(), f"{p} missing; sockets: {sockets_under(root)}\n{agent.log.read_text()}"
         assert (p.stat().st_mode & 0o777) == 0o600, p
 
+    # every plugin has a line from its start on ("starting" until its start returns); csi and cni become ready
+    wait_for("csi and cni ready", lambda: all(f"{p}: ready" in get(agent.url("/readyz"))[1] for p in ("csi", "cni")),
+             timeout=60)  # fmt: skip
     status, body = get(agent.url("/readyz"))
     assert "csi:" in body and "cni:" in body and "deviceplugin:" in body
     # no kubelet here: the device plugin cannot register, so the agent is alive but not ready
