@@ -130,7 +130,7 @@ def _redirect_seen(node: NodeInfo | None, underlay: str) -> tuple[list[str], int
     """In this netns: the routed pods' veths and ways in without exactly one nodeplug redirect program; how many of
     each there are."""
     from cni.dataplane.rtnl import Rtnl
-    from cni.redirect import bpf, manager, program
+    from cni.redirect import bpf, manager
 
     nl = Rtnl()
     try:
@@ -148,10 +148,7 @@ def _redirect_seen(node: NodeInfo | None, underlay: str) -> tuple[list[str], int
     problems: list[str] = []
     for index, name in sorted({**veths, **ways}.items(), key=lambda kv: kv[1]):
         try:
-            ours = 0
-            for pid in bpf.attached(index):
-                with contextlib.suppress(bpf.BpfError), bpf.prog_by_id(pid) as p:
-                    ours += bpf.prog_info(p).name == program.NAME
+            ours = len(manager.ours_on(index))
         except bpf.BpfError as e:
             problems.append(f"{name}: {e}")
             continue

@@ -24,12 +24,13 @@ agent with ``redirect`` turned off).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily
 
 from cni.dataplane import sysctl
+from cni.dataplane.messages import LinkMsg
 from cni.dataplane.names import ALIAS_PREFIX, is_host_veth_name
 from cni.dataplane.nl import AF_INET, AF_INET6, Rtnl, link_kind, links, routes
 from cni.policy import quarantine
@@ -50,17 +51,17 @@ class Synced:
     """What one sync did (for logs and the doctor)."""
 
     pods: int = 0
-    devices: int = 0
     attached: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # an earlier agent's program taken off
     held: int = 0  # pods left on the ordinary path while the quarantine holds an address of theirs
     problems: list[str] = field(default_factory=list)
 
 
-def pod_veths(nl: Rtnl) -> dict[int, str]:
-    """The routed pods' host-side veths of this netns: ifindex -> name."""
+def pod_veths(nl: Rtnl, dump: Sequence[LinkMsg] | None = None) -> dict[int, str]:
+    """The routed pods' host-side veths of this netns (``dump``: its links, when the caller has them): ifindex ->
+    name."""
     out: dict[int, str] = {}
-    for msg in links(nl):
+    for msg in links(nl) if dump is None else dump:
         name = str(msg.get("IFLA_IFNAME") or "")
         alias = str(msg.get("IFLA_IFALIAS") or "")
         routed = not msg.get("IFLA_MASTER") and link_kind(msg) == "veth"
@@ -75,6 +76,12 @@ def _ours(prog_id: int) -> bool:
             return bpf.prog_info(p).name == program.NAME
     except bpf.BpfError:
         return False  # gone meanwhile
+
+
+def ours_on(ifindex: int) -> list[int]:
+    """The ids of the nodeplug redirect programs on the device's ingress (any agent's load); BpfError when the
+    kernel cannot list them."""
+    return [pid for pid in bpf.attached(ifindex) if _ours(pid)]
 
 
 def _take_off(ifindex: int, prog_id: int) -> None:
@@ -92,13 +99,12 @@ def detach_all(nl: Rtnl) -> list[str]:
     for msg in links(nl):
         index = int(msg["index"])
         try:
-            ids = bpf.attached(index)
+            ids = ours_on(index)
         except bpf.BpfError:
             continue
         for pid in ids:
-            if _ours(pid):
-                _take_off(index, pid)
-                done.append(str(msg.get("IFLA_IFNAME") or index))
+            _take_off(index, pid)
+            done.append(str(msg.get("IFLA_IFNAME") or index))
     return done
 
 
@@ -110,6 +116,7 @@ class Redirect:
         self.prog_id = 0
         self.known: dict[int, int] = {}  # the map as last written: ifindex -> program.READY, HELD or UPLINK
         self.unavailable = ""  # why this kernel cannot run it, once found
+        self._cpus = 1
 
     def load(self) -> None:
         """Load the program and its maps (once); RedirectError naming what this kernel lacks."""
@@ -133,6 +140,7 @@ class Redirect:
             raise RedirectError(self.unavailable) from None
         self.prog, self.pods, self.stats = prog, pods, stats
         self.prog_id = bpf.prog_info(prog).id
+        self._cpus = bpf.possible_cpus()  # slots of a per-CPU value
 
     def sync(self, nl: Rtnl, devices: Iterable[int]) -> Synced:
         """Bring this netns in line: the program on each pod veth and on ``devices`` (ifindexes), the map of pods
@@ -141,7 +149,8 @@ class Redirect:
         assert self.prog is not None and self.pods is not None
         out = Synced()
         sysctl.ensure(BE_LIBERAL, "1", missing_ok=True)  # absent until conntrack is loaded: set at a later sync
-        veths = pod_veths(nl)
+        dump = links(nl)
+        veths = pod_veths(nl, dump)
         devices = set(devices)
         held = self._held(nl, veths, out)
         kinds = {i: program.HELD if i in held else program.READY for i in veths}
@@ -154,7 +163,7 @@ class Redirect:
         self.known = kinds
         out.held = len(held)
         want = set(veths) | devices
-        for msg in links(nl):
+        for msg in dump:
             index = int(msg["index"])
             name = str(msg.get("IFLA_IFNAME") or index)
             try:
@@ -179,8 +188,6 @@ class Redirect:
                     out.replaced.append(name)
             if index not in want and self.prog_id in ids:
                 _take_off(index, self.prog_id)
-            if index in want:
-                out.devices += 1
         out.pods = len(veths)
         return out
 
@@ -211,10 +218,9 @@ class Redirect:
         """Packets handed over since this load: ``peer`` (into a pod of this node), ``out`` (from a pod)."""
         if self.stats is None:
             return {"peer": 0, "out": 0}
-        cpus = bpf.possible_cpus()
         got: dict[str, int] = {}
         for key, name in ((program.PEER, "peer"), (program.OUT, "out")):
-            raw = self.stats.lookup(_U32.pack(key), 8 * cpus) or b""
+            raw = self.stats.lookup(_U32.pack(key), 8 * self._cpus) or b""
             got[name] = sum(v for (v,) in struct.iter_unpack("<Q", raw))
         return got
 
