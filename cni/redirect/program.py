@@ -45,12 +45,12 @@ PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
 READY, HELD, UPLINK = 1, 2, 3
 
 # helpers by number (include/uapi/linux/bpf.h)
-MAP_LOOKUP_ELEM, SKB_STORE_BYTES, L3_CSUM_REPLACE, REDIRECT, SKB_LOAD_BYTES, FIB_LOOKUP, REDIRECT_PEER = (
-    1, 9, 10, 23, 26, 69, 155,
-)  # fmt: skip
+MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, FIB_LOOKUP, REDIRECT_PEER = 1, 9, 23, 69, 155
+RECOMPUTE_CSUM = 1  # BPF_F_RECOMPUTE_CSUM
 TCX_NEXT, TC_ACT_SHOT = -1, 2
 ETH_HLEN = 14
-SKB_PKT_TYPE, SKB_PROTOCOL, SKB_INGRESS_IFINDEX = 4, 16, 36  # struct __sk_buff
+SKB_PKT_TYPE, SKB_PROTOCOL, SKB_INGRESS_IFINDEX, SKB_DATA, SKB_DATA_END = 4, 16, 36, 76, 80  # struct __sk_buff
+V4_CHECK = 10  # the IPv4 header checksum's offset
 CURRENT_NETNS = -1  # BPF_F_CURRENT_NETNS
 CT_OPTS_SIZE = 12  # NF_BPF_CT_OPTS_SZ
 
@@ -109,11 +109,24 @@ def _pass(a: Asm) -> None:
     a.exit()
 
 
-def _copy(a: Asm, dst: int, src: int, size: int) -> None:
-    """Copy ``size`` bytes (a multiple of 4) within the stack."""
-    for i in range(0, size, 4):
-        a.ldx(4, R2, R10, src + i)
-        a.stx(4, R10, dst + i, R2)
+def _copy(a: Asm, dst: int, base: int, off: int, size: int) -> None:
+    """Copy ``size`` bytes (even) from ``base + off`` (the stack or the packet) to the stack at ``dst``."""
+    for i in range(0, size - size % 4, 4):
+        a.ldx(4, R4, base, off + i)
+        a.stx(4, R10, dst + i, R4)
+    if size % 4:
+        a.ldx(2, R4, base, off + size - 2)
+        a.stx(2, R10, dst + size - 2, R4)
+
+
+def _packet(a: Asm, size: int, fail: str = "pass") -> None:
+    """``r2`` = the packet's first byte, its first ``size`` bytes readable and writable in place (the verifier
+    makes a cloned packet's head the program's own before the program runs); else to ``fail``."""
+    a.ldx(4, R2, R6, SKB_DATA)
+    a.ldx(4, R3, R6, SKB_DATA_END)
+    a.mov(R4, R2)
+    a.alu("add", R4, imm=size)
+    a.jmp("jgt", fail, R4, src=R3)
 
 
 def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
@@ -129,13 +142,9 @@ def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
 def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
-    a.mov(R1, R6)
-    a.mov(R2, imm=ETH_HLEN)
-    a.mov(R3, R10)
-    a.alu("add", R3, imm=HDR)
-    a.mov(R4, imm=f.hdr_len + 14)
-    a.call(SKB_LOAD_BYTES)
-    a.jmp("jne", "pass", R0, imm=0)
+    # the IP header and the 14 bytes after it, read in place (the linear part holds them, or: not ours) to the stack
+    _packet(a, ETH_HLEN + f.hdr_len + 14)
+    _copy(a, HDR, R2, ETH_HLEN, f.hdr_len + 14)
     a.ldx(1, R2, R10, HDR)
     if f.v == 4:
         a.jmp("jne", "pass", R2, imm=0x45)  # version 4, no options
@@ -173,8 +182,8 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     if f.v == 4:
         a.ldx(1, R2, R10, HDR + 1)
         a.stx(1, R10, FIB + FIB_TOS, R2)
-    _copy(a, FIB + FIB_SRC, HDR + f.src, f.addr_len)
-    _copy(a, FIB + FIB_DST, HDR + f.src + f.addr_len, f.addr_len)
+    _copy(a, FIB + FIB_SRC, R10, HDR + f.src, f.addr_len)
+    _copy(a, FIB + FIB_DST, R10, HDR + f.src + f.addr_len, f.addr_len)
     a.mov(R1, R6)
     a.mov(R2, R10)
     a.alu("add", R2, imm=FIB)
@@ -204,7 +213,7 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     a.mov(R8, imm=OUT)
     # the flow: established both ways, untranslated
     a.label(f"{p}ct")
-    _copy(a, TUPLE, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
+    _copy(a, TUPLE, R10, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
     a.st(8, R10, OPTS, 0)
     a.st(8, R10, OPTS + 8, 0)
     a.st(4, R10, OPTS, CURRENT_NETNS)
@@ -228,41 +237,36 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     a.alu("and", R9, imm=FORBID)
     a.jmp("jne", "pass", R9, imm=0)
     a.label(f"{p}rewrite")
-    if f.v == 4:  # TTL - 1 (it is above 1) and the header checksum with it
-        a.ldx(2, R7, R10, HDR + f.ttl)  # TTL and protocol as one 16-bit word
-        a.mov(R9, R7)
-        a.alu("sub", R9, imm=1)
-        a.mov(R1, R6)
-        a.mov(R2, imm=ETH_HLEN + 10)
-        a.mov(R3, R7)
-        a.mov(R4, R9)
-        a.mov(R5, imm=2)
-        a.call(L3_CSUM_REPLACE)
-        a.jmp("jne", "pass", R0, imm=0)  # nothing written yet
-        a.stx(2, R10, KEY, R9)
-        size = 2
-    else:
+    # as the kernel forwards it: TTL or hop limit one less, the route's MACs
+    if f.v == 4:  # the header checksum follows the TTL (ip_decrease_ttl), so the header's sum stays the same
+        _packet(a, ETH_HLEN + f.hdr_len)
+        a.ldx(1, R4, R2, ETH_HLEN + f.ttl)
+        a.alu("sub", R4, imm=1)  # it is above 1
+        a.stx(1, R2, ETH_HLEN + f.ttl, R4)
+        a.ldx(2, R4, R2, ETH_HLEN + V4_CHECK)
+        a.alu("add", R4, imm=1)  # htons(0x0100), as this little-endian machine reads it
+        a.jmp("jlt", f"{p}carried", R4, imm=0xFFFF)
+        a.alu("add", R4, imm=1)
+        a.label(f"{p}carried")
+        a.stx(2, R2, ETH_HLEN + V4_CHECK, R4)
+    else:  # through the helper, which also mends a checksum the device gave for the whole packet (the hop limit
+        # is under it; the MACs are not)
         a.ldx(1, R9, R10, HDR + f.ttl)
         a.alu("sub", R9, imm=1)
         a.stx(1, R10, KEY, R9)
-        size = 1
-    a.mov(R1, R6)
-    a.mov(R2, imm=ETH_HLEN + f.ttl)
-    a.mov(R3, R10)
-    a.alu("add", R3, imm=KEY)
-    a.mov(R4, imm=size)
-    a.mov(R5, imm=0)
-    a.call(SKB_STORE_BYTES)
-    a.jmp("jne", "drop", R0, imm=0)
-    for at, mac in ((0, FIB_DMAC), (6, FIB_SMAC)):
         a.mov(R1, R6)
-        a.mov(R2, imm=at)
+        a.mov(R2, imm=ETH_HLEN + f.ttl)
         a.mov(R3, R10)
-        a.alu("add", R3, imm=FIB + mac)
-        a.mov(R4, imm=6)
-        a.mov(R5, imm=0)
+        a.alu("add", R3, imm=KEY)
+        a.mov(R4, imm=1)
+        a.mov(R5, imm=RECOMPUTE_CSUM)
         a.call(SKB_STORE_BYTES)
-        a.jmp("jne", "drop", R0, imm=0)
+        a.jmp("jne", "pass", R0, imm=0)  # nothing written
+        _packet(a, ETH_HLEN + f.hdr_len, fail="drop")  # the helper may have moved the data
+    for at, mac in ((0, FIB_DMAC), (6, FIB_SMAC)):
+        for i in range(0, 6, 2):  # the stack's MACs are 2-aligned only
+            a.ldx(2, R4, R10, FIB + mac + i)
+            a.stx(2, R2, at + i, R4)
     a.jmp("ja", "count")
 
 

@@ -65,6 +65,54 @@ class Sink:
         self.sock.close()
 
 
+class Capture:
+    """What reaches a pod's eth0 of the TCP segments carrying data to ``port``: each one's TTL (hop limit) and, for
+    IPv4, whether its header checksum holds (a raw packet socket sees them before the pod's IP stack does)."""
+
+    def __init__(self, ns: Netns, family: int, port: int) -> None:
+        self.family, self.port = family, port
+        self.ttls: set[int] = set()
+        self.bad_checksums = 0
+        self.sock: socket.socket = ns.call(self._open, family)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _open(family: int) -> socket.socket:
+        proto = 0x0800 if family == 4 else 0x86DD
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto))
+        s.bind(("eth0", proto))
+        s.settimeout(0.2)
+        return s
+
+    def _read(self) -> None:
+        while self.sock.fileno() >= 0:
+            try:
+                frame = self.sock.recv(256)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            ip = frame[14:]
+            if self.family == 4:
+                hlen, ttl, proto, length = (ip[0] & 0xF) * 4, ip[8], ip[9], int.from_bytes(ip[2:4], "big")
+            else:
+                hlen, ttl, proto, length = 40, ip[7], ip[6], 40 + int.from_bytes(ip[4:6], "big")
+            tcp = ip[hlen:]
+            if proto != 6 or len(tcp) < 20 or int.from_bytes(tcp[2:4], "big") != self.port:
+                continue
+            if length - hlen - (tcp[12] >> 4) * 4 <= 0:
+                continue  # no data
+            self.ttls.add(ttl)
+            if self.family == 4:
+                total = sum(int.from_bytes(ip[i : i + 2], "big") for i in range(0, hlen, 2))
+                self.bad_checksums += (total & 0xFFFF) + (total >> 16) != 0xFFFF
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(timeout=HANG)
+
+
 def send(src: Netns, dst: str, port: int, size: int = SIZE) -> tuple[str, str, int]:
     """Send ``size`` random bytes from ``src``: (their SHA-256, the one the sink answers, the client's port)."""
     data = os.urandom(size)
@@ -173,11 +221,16 @@ def test_established_pod_flows_go_past_the_forwarding_path_and_arrive_intact(lab
     sink = Sink(b.ns, socket.AF_INET if family == 4 else socket.AF_INET6, port)
     dst = b.ip4 if family == 4 else b.ip6
     before = {n.name: redirected(n) for n in (n1, b.node)}
+    capture = Capture(b.ns, family, port)
     try:
         sent, got, sport = send(a.ns, dst, port)
     finally:
         sink.close()
+        capture.close()
     assert got == sent
+    # forwarded as the kernel forwards: one less per node on the way (64 where the pod sent it), a sound header
+    assert capture.ttls == {63 if way == "same node" else 62}
+    assert capture.bad_checksums == 0
     after = {n.name: redirected(n) for n in (n1, b.node)}
     if way == "same node":  # the data and the acknowledgements each go straight into the other pod
         assert after[n1.name]["peer"] - before[n1.name]["peer"] > 100
