@@ -125,14 +125,14 @@ class Redirect:
         if self.unavailable:  # this kernel will not grow it while the agent runs
             raise RedirectError(self.unavailable)
         try:
-            kernel = program.Kernel.read()
+            kernel, timeouts = program.Kernel.read(), program.Timeouts.read()
             pods = bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods")
             stats = bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats")
         except (BtfError, bpf.BpfError) as e:
             self.unavailable = f"redirect unavailable: {e}"
             raise RedirectError(self.unavailable) from None
         try:
-            prog = bpf.load(program.build(kernel, pods.fd, stats.fd), program.NAME)
+            prog = bpf.load(program.build(kernel, timeouts, pods.fd, stats.fd), program.NAME)
         except bpf.BpfError as e:
             pods.close()
             stats.close()

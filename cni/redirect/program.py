@@ -27,15 +27,28 @@ program, then the kernel's ordinary path, which is exactly what it was without t
 
 Connection tracking no longer sees the redirected packets of a flow, so it no longer follows their TCP sequence
 numbers: the agent sets ``nf_conntrack_tcp_be_liberal`` so that the flow's closing packets, which take the ordinary
-path again, are not judged out of window (:mod:`cni.redirect.manager`).
+path again, are not judged out of window (:mod:`cni.redirect.manager`). Nor do they give the flow's entry its time
+again, as every packet on the ordinary path does: the program does (``bpf_ct_change_timeout``), for an established
+TCP or assured UDP flow whose entry has less than half of its time left (:class:`Timeouts`), so an active flow's
+entry never expires under it (its next packet would start a new entry, judged by the policies as a new connection,
+perhaps from the other end). An entry with a fixed timeout is left alone, as the ordinary path leaves it; one with
+its own timeouts (a ``ct timeout`` policy) is given the netns's established or stream timeout instead.
+
+The headers are read and rewritten in place (the verifier makes a cloned packet's head the program's own first). The
+IPv4 TTL and header checksum change together, leaving the header's sum as it was; the IPv6 hop limit goes through
+``bpf_skb_store_bytes``, which also mends a checksum the receiving device gave for the whole packet.
 
 A per-CPU counter map counts the packets handed over each way (:data:`PEER`, :data:`OUT`).
 """
 
 from __future__ import annotations
 
+import gzip
+import os
+import re
 from dataclasses import dataclass
 
+from cni.dataplane import sysctl
 from cni.redirect import btf
 from cni.redirect.asm import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Asm
 
@@ -45,7 +58,7 @@ PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
 READY, HELD, UPLINK = 1, 2, 3
 
 # helpers by number (include/uapi/linux/bpf.h)
-MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, FIB_LOOKUP, REDIRECT_PEER = 1, 9, 23, 69, 155
+MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, FIB_LOOKUP, JIFFIES64, REDIRECT_PEER = 1, 9, 23, 69, 118, 155
 RECOMPUTE_CSUM = 1  # BPF_F_RECOMPUTE_CSUM
 TCX_NEXT, TC_ACT_SHOT = -1, 2
 ETH_HLEN = 14
@@ -53,10 +66,11 @@ SKB_PKT_TYPE, SKB_PROTOCOL, SKB_INGRESS_IFINDEX, SKB_DATA, SKB_DATA_END = 4, 16,
 V4_CHECK = 10  # the IPv4 header checksum's offset
 CURRENT_NETNS = -1  # BPF_F_CURRENT_NETNS
 CT_OPTS_SIZE = 12  # NF_BPF_CT_OPTS_SZ
+TCP_CONNTRACK_ESTABLISHED = 3
 
 # enum ip_conntrack_status
 IPS_EXPECTED, IPS_SEEN_REPLY, IPS_ASSURED, IPS_CONFIRMED = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-IPS_SRC_NAT, IPS_DST_NAT, IPS_SEQ_ADJUST, IPS_DYING = 1 << 4, 1 << 5, 1 << 6, 1 << 9
+IPS_SRC_NAT, IPS_DST_NAT, IPS_SEQ_ADJUST, IPS_DYING, IPS_FIXED_TIMEOUT = 1 << 4, 1 << 5, 1 << 6, 1 << 9, 1 << 10
 IPS_UNTRACKED, IPS_HELPER, IPS_OFFLOAD = 1 << 12, 1 << 13, 1 << 14
 NEED = IPS_SEEN_REPLY | IPS_ASSURED | IPS_CONFIRMED
 FORBID = IPS_EXPECTED | IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_UNTRACKED
@@ -71,7 +85,7 @@ HDR = -184  # the IP header and the first 14 bytes after it
 KEY = -192  # a map key or a byte or two to store
 OUTIF = -200  # the device the route leaves by
 
-KFUNCS = ("bpf_skb_ct_lookup", "bpf_ct_release")
+KFUNCS = ("bpf_skb_ct_lookup", "bpf_ct_release", "bpf_ct_change_timeout")
 
 
 @dataclass(frozen=True)
@@ -80,12 +94,62 @@ class Kernel:
 
     ct_lookup: int
     ct_release: int
-    ct_status: int  # byte offset of nf_conn.status
+    ct_change_timeout: int
+    ct_status: int  # byte offsets in struct nf_conn: status, timeout (jiffies), the TCP tracker's state
+    ct_timeout: int
+    ct_tcp_state: int
 
     @classmethod
     def read(cls) -> Kernel:
-        info = btf.vmlinux(set(KFUNCS), {"nf_conn"})
-        return cls(info.func(KFUNCS[0]), info.func(KFUNCS[1]), info.offset("nf_conn", "status"))
+        info = btf.vmlinux(set(KFUNCS), {"nf_conn", "ip_ct_tcp"})
+        lookup, release, change = (info.func(name) for name in KFUNCS)
+        tcp_state = info.offset("nf_conn", "proto") + info.offset("ip_ct_tcp", "state")  # proto: a union
+        return cls(lookup, release, change, info.offset("nf_conn", "status"), info.offset("nf_conn", "timeout"),
+                   tcp_state)  # fmt: skip
+
+
+_S32_MAX = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long connection tracking keeps an established TCP and an assured UDP flow (this netns's
+    ``nf_conntrack_tcp_timeout_established`` and ``nf_conntrack_udp_timeout_stream``, read when the program is
+    loaded), and this kernel's tick rate: the program gives a flow's entry its full time again once half of it
+    has run out, as the ordinary path does at every packet (its packets no longer go there)."""
+
+    tcp_seconds: int = 432000
+    udp_seconds: int = 120
+    hz: int = 1000
+
+    def ms(self, seconds: int) -> int:
+        return min(seconds * 1000, _S32_MAX)
+
+    def half_ticks(self, seconds: int) -> int:
+        return min(seconds * self.hz // 2, _S32_MAX)
+
+    @classmethod
+    def read(cls) -> Timeouts:
+        def seconds(key: str, default: int) -> int:
+            value = sysctl.read(key)  # absent until conntrack is loaded: its defaults
+            return int(value) if value and value.isdigit() else default
+
+        return cls(seconds("net.netfilter.nf_conntrack_tcp_timeout_established", cls.tcp_seconds),
+                   seconds("net.netfilter.nf_conntrack_udp_timeout_stream", cls.udp_seconds), kernel_hz())  # fmt: skip
+
+
+def kernel_hz() -> int:
+    """The kernel's tick rate (CONFIG_HZ) from its config (``/proc/config.gz`` or ``/boot/config-<release>``);
+    1000, the highest, when neither says: a rate guessed too high refreshes entries early, never late."""
+    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{os.uname().release}", open)):
+        try:
+            with opener(path, "rt") as f:
+                m = re.search(r"^CONFIG_HZ=(\d+)$", f.read(), re.M)
+        except (OSError, EOFError):
+            continue
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return 1000
 
 
 @dataclass(frozen=True)
@@ -139,7 +203,7 @@ def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
     a.call(MAP_LOOKUP_ELEM)
 
 
-def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
+def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
     # the IP header and the 14 bytes after it, read in place (the linear part holds them, or: not ours) to the stack
@@ -228,13 +292,43 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     a.mov(R5, imm=CT_OPTS_SIZE)
     a.kfunc(k.ct_lookup)
     a.jmp("jeq", "pass", R0, imm=0)
-    a.ldx(8, R9, R0, k.ct_status)
-    a.mov(R1, R0)
-    a.kfunc(k.ct_release)
+    a.mov(R7, R0)  # the entry, held until released below
+    a.ldx(8, R9, R7, k.ct_status)
     a.mov(R2, R9)
     a.alu("and", R2, imm=NEED)
-    a.jmp("jne", "pass", R2, imm=NEED)
-    a.alu("and", R9, imm=FORBID)
+    a.jmp("jne", f"{p}refused", R2, imm=NEED)
+    a.mov(R2, R9)
+    a.alu("and", R2, imm=FORBID)
+    a.jmp("jne", f"{p}refused", R2, imm=0)
+    # the entry's time: its full time again once half has run out (an established TCP or assured UDP flow), unless
+    # it has a fixed timeout, which the ordinary path leaves alone too
+    a.jmp("jset", f"{p}taken", R9, imm=IPS_FIXED_TIMEOUT)
+    a.call(JIFFIES64)
+    a.ldx(4, R1, R7, k.ct_timeout)  # when it expires, in 32-bit ticks
+    a.alu("sub", R1, src=R0)
+    a.alu("lsh", R1, imm=32)
+    a.alu("rsh", R1, imm=32)  # ticks left
+    a.ldx(1, R2, R10, HDR + f.l4)
+    a.jmp("jeq", f"{p}udp", R2, imm=17)
+    a.ldx(1, R2, R7, k.ct_tcp_state)
+    a.jmp("jne", f"{p}taken", R2, imm=TCP_CONNTRACK_ESTABLISHED)
+    a.jmp("jge", f"{p}taken", R1, imm=t.half_ticks(t.tcp_seconds))
+    a.mov(R2, imm=t.ms(t.tcp_seconds))
+    a.jmp("ja", f"{p}refresh")
+    a.label(f"{p}udp")
+    a.jmp("jge", f"{p}taken", R1, imm=t.half_ticks(t.udp_seconds))
+    a.mov(R2, imm=t.ms(t.udp_seconds))
+    a.label(f"{p}refresh")
+    a.mov(R1, R7)
+    a.kfunc(k.ct_change_timeout)  # fails only for an entry already dying, which the next lookup will not find
+    a.label(f"{p}taken")
+    a.mov(R9, imm=0)
+    a.jmp("ja", f"{p}release")
+    a.label(f"{p}refused")
+    a.mov(R9, imm=1)
+    a.label(f"{p}release")
+    a.mov(R1, R7)
+    a.kfunc(k.ct_release)
     a.jmp("jne", "pass", R9, imm=0)
     a.label(f"{p}rewrite")
     # as the kernel forwards it: TTL or hop limit one less, the route's MACs
@@ -270,9 +364,10 @@ def _family(a: Asm, f: _Family, k: Kernel, pods_fd: int) -> None:
     a.jmp("ja", "count")
 
 
-def build(k: Kernel, pods_fd: int, stats_fd: int) -> bytes:
-    """The program's instructions, using the map of devices ``pods_fd`` (u32 ifindex -> :data:`READY`,
-    :data:`HELD` or :data:`UPLINK`) and the per-CPU counters ``stats_fd`` (u32 index -> u64)."""
+def build(k: Kernel, t: Timeouts, pods_fd: int, stats_fd: int) -> bytes:
+    """The program's instructions for this kernel and these conntrack timeouts, using the map of devices
+    ``pods_fd`` (u32 ifindex -> :data:`READY`, :data:`HELD` or :data:`UPLINK`) and the per-CPU counters
+    ``stats_fd`` (u32 index -> u64)."""
     a = Asm()
     a.mov(R6, R1)
     a.ldx(4, R2, R6, SKB_PKT_TYPE)
@@ -285,8 +380,8 @@ def build(k: Kernel, pods_fd: int, stats_fd: int) -> bytes:
     a.label("drop")  # a header half rewritten
     a.mov(R0, imm=TC_ACT_SHOT)
     a.exit()
-    _family(a, _V4, k, pods_fd)
-    _family(a, _V6, k, pods_fd)
+    _family(a, _V4, k, t, pods_fd)
+    _family(a, _V6, k, t, pods_fd)
     # R8: which way; the counter, then the hand-over
     a.label("count")
     a.stx(4, R10, KEY, R8)

@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -411,3 +412,130 @@ def test_the_doctor_says_where_the_program_is_missing(lab: Lab) -> None:
         # the agent puts it back at its next look at the pods (a pod's veth coming and going makes it look)
         delete(lab.add_pod(n2, "routed"))
         wait_for("back on every device", lambda: attached_everywhere(lab), timeout=HANG)
+
+
+class Trickle:
+    """A flow that lasts: ``proto`` ("tcp" or "udp") from ``src`` to ``dst``:``port``, a small write every tenth
+    of a second until :meth:`stop`; UDP datagrams are echoed by the server this starts in ``server``."""
+
+    def __init__(self, src: Netns, server: Netns, dst: str, port: int, proto: str) -> None:
+        self.proto, self.sent, self.echoed = proto, hashlib.sha256(), 0
+        self.done = threading.Event()
+        kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
+        if proto == "tcp":
+            self.sink = Sink(server, socket.AF_INET, port)
+        else:
+            self.echo: socket.socket = server.call(self._bound, port)
+            threading.Thread(target=self._echo, daemon=True).start()
+        self.sock: socket.socket = src.call(self._connected, kind, dst, port)
+        self.sport = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _bound(port: int) -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", port))
+        return s
+
+    @staticmethod
+    def _connected(kind: int, dst: str, port: int) -> socket.socket:
+        s = socket.socket(socket.AF_INET, kind)
+        s.settimeout(HANG)
+        s.connect((dst, port))
+        return s
+
+    def _echo(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data, peer = self.echo.recvfrom(2048)
+                self.echo.sendto(data, peer)
+
+    def _run(self) -> None:
+        while not self.done.wait(0.1):
+            data = os.urandom(512)
+            self.sent.update(data)
+            self.sock.send(data)
+            if self.proto == "udp":
+                self.sock.settimeout(1)
+                with contextlib.suppress(TimeoutError):
+                    self.echoed += self.sock.recv(2048) == data
+
+    def stop(self) -> str:
+        """Stop; for TCP, the SHA-256 the server answers for all it read (for UDP: "")."""
+        self.done.set()
+        self.thread.join(HANG)
+        got = ""
+        if self.proto == "tcp":
+            self.sock.shutdown(socket.SHUT_WR)
+            got = self.sock.recv(100).decode()
+            self.sink.close()
+        else:
+            self.echo.close()
+        self.sock.close()
+        return got
+
+
+def entry(node: Node, proto: str, port: int, sport: int) -> tuple[str, str]:
+    """(id, the line) of the connection tracking entry on ``node`` of the flow from ``sport`` to ``port``, or
+    ("", "")."""
+    out = node.ns.exec("conntrack", "-L", "-p", proto, "--sport", str(sport), "--dport", str(port), "-o", "id",
+                       check=False)  # fmt: skip
+    m = re.search(r"^.*\bid=(\d+).*$", out, re.M)
+    return (m.group(1), m.group(0)) if m else ("", "")
+
+
+def assured(node: Node, proto: str, port: int, sport: int) -> tuple[str, str] | None:
+    found = entry(node, proto, port, sport)
+    return found if "[ASSURED]" in found[1] else None
+
+
+def restart(lab: Lab, nodes: list[Node]) -> None:
+    for node in nodes:
+        node.kill()
+        node.start()
+    for node in nodes:
+        node.wait_ready()
+    wait_for("the restarted agents' program on every device", lambda: attached_everywhere(lab), timeout=HANG)
+
+
+TIMEOUT_KEYS = {"tcp": "nf_conntrack_tcp_timeout_established", "udp": "nf_conntrack_udp_timeout_stream"}
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_a_long_flow_keeps_its_connection_tracking_entry_while_it_goes_past(lab: Lab, proto: str) -> None:
+    """The ordinary path gives an entry its full time again at every packet; the redirected packets do not pass
+    there, so without the program's refresh an active flow's entry would expire (after 5 days for TCP, 2 minutes
+    for UDP) and its next packet start a new one, judged by the policies as a new connection, possibly from the
+    other end. Here with a 6-second timeout, over four of them."""
+    n1, n2 = lab.nodes[:2]
+    a = next(p for p in routed(lab) if p.node is n1)
+    b = next(p for p in routed(lab) if p.node is n2)
+    key = f"/proc/sys/net/netfilter/{TIMEOUT_KEYS[proto]}"
+    short = 6
+    before = {n.name: n.ns.exec("cat", key).strip() for n in (n1, n2)}
+    for n in (n1, n2):
+        n.ns.exec("sh", "-c", f"echo {short} > {key}")
+    restart(lab, [n1, n2])  # the program reads the timeouts when it is loaded
+    port = 7500 if proto == "tcp" else 7501
+    flow = Trickle(a.ns, b.ns, b.ip4, port, proto)
+    try:
+        first = {n.name: wait_for(f"{n.name} has the flow assured", lambda n=n: assured(n, proto, port, flow.sport),
+                                  timeout=HANG) for n in (n1, n2)}  # fmt: skip
+        counted = {n.name: redirected(n) for n in (n1, n2)}
+        for _ in range(8 * short):  # four timeouts' worth of looks, half a second apart
+            time.sleep(0.5)
+            for n in (n1, n2):
+                got = entry(n, proto, port, flow.sport)
+                assert got[0] == first[n.name][0], f"{n.name}: the entry {first[n.name][1]} became {got[1]}"
+        assert redirected(n1)["out"] - counted[n1.name]["out"] > 8 * short  # it went past all the while
+        assert redirected(n2)["peer"] - counted[n2.name]["peer"] > 8 * short
+    finally:
+        got = flow.stop()
+        for n in (n1, n2):
+            n.ns.exec("sh", "-c", f"echo {before[n.name]} > {key}")
+        restart(lab, [n1, n2])
+    if proto == "tcp":
+        assert got == flow.sent.hexdigest()
+    else:
+        assert flow.echoed > 8 * short
