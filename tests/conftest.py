@@ -13,22 +13,19 @@ fails the run if a test left a network namespace, a link, a mount or a loop devi
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from lab import bundle
 from support.agent import AgentProcess
-from support.host import IS_ROOT, REPO, sh, unique
+from support.host import IS_ROOT, sh, unique
 from support.kubeassets import kube_tool
 
 # Shared helpers as registered plugins (tests/ is on sys.path through the pytest config's ``pythonpath``); their
@@ -221,47 +218,14 @@ def mounts() -> Iterator[Callable[[Path], Path]]:
 
 # ---------------------------------------------------------------- the CNI bundle (install-cni tests)
 
-BUNDLE_CACHE = REPO / "build" / "test-cni-bundle"
-BUNDLE_SOURCES = ["scripts/build-cni-bundle", "cni/launcher/launcher.c", "cni/launcher/fastpath.c",
-                  "cni/launcher/fastpath.h", "pyproject.toml"]  # fmt: skip
-
-
-def _bundle_sources_hash() -> str:
-    h = hashlib.sha256()
-    files = [REPO / f for f in BUNDLE_SOURCES]
-    for pkg in ("cni", "nodeplug"):
-        files += sorted((REPO / pkg).rglob("*.py"))
-    for f in files:
-        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
+BUNDLE_CACHE = bundle.CACHE
 
 
 def build_bundle(cache: Path, *extra: str, pythonpath: str = "") -> Path:
-    """Build a CNI bundle with scripts/build-cni-bundle into ``cache/<hash of its sources>`` unless it is there
-    (about 20 s; older builds in ``cache`` are removed, another session's build in progress is left alone)."""
-    if importlib.util.find_spec("PyInstaller") is None:
-        pytest.skip("PyInstaller is not installed (dev dependency: pip install pyinstaller)")
-    static_libc = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
-    if shutil.which("gcc") is None or not any(Path(p).exists() for p in static_libc):
-        pytest.skip("gcc with static glibc (libc6-dev) is needed to build the launcher")
-    out = cache / _bundle_sources_hash()
-    if not (out / "nodeplug").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".tmp-{os.getpid()}"
-        env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
-        p = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
-            capture_output=True, text=True, timeout=600, check=False, env=env,
-        )  # fmt: skip
-        assert p.returncode == 0, f"build-cni-bundle failed:\n{p.stdout}\n{p.stderr}"
-        for old in cache.iterdir():
-            if not old.name.startswith("."):
-                shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another session finished the same build first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """:func:`lab.bundle.build`, skipping where this machine cannot build one."""
+    if why := bundle.missing():
+        pytest.skip(why)
+    return bundle.build(cache, *extra, pythonpath=pythonpath)
 
 
 @pytest.fixture(scope="session")
