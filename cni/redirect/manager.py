@@ -34,7 +34,7 @@ from cni.dataplane.messages import LinkMsg
 from cni.dataplane.names import ALIAS_PREFIX, is_host_veth_name
 from cni.dataplane.nl import AF_INET, AF_INET6, Rtnl, link_kind, links, routes
 from cni.policy import quarantine
-from cni.redirect import bpf, program
+from cni.redirect import bpf, program, timeouts
 from cni.redirect.btf import BtfError
 
 BE_LIBERAL = "net/netfilter/nf_conntrack_tcp_be_liberal"
@@ -125,14 +125,14 @@ class Redirect:
         if self.unavailable:  # this kernel will not grow it while the agent runs
             raise RedirectError(self.unavailable)
         try:
-            kernel, timeouts = program.Kernel.read(), program.Timeouts.read()
+            kernel, conntrack = program.Kernel.read(), timeouts.Timeouts.read()
             pods = bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods")
             stats = bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats")
         except (BtfError, bpf.BpfError) as e:
             self.unavailable = f"redirect unavailable: {e}"
             raise RedirectError(self.unavailable) from None
         try:
-            prog = bpf.load(program.build(kernel, timeouts, pods.fd, stats.fd), program.NAME)
+            prog = bpf.load(program.build(kernel, conntrack, pods.fd, stats.fd), program.NAME)
         except bpf.BpfError as e:
             pods.close()
             stats.close()

@@ -29,10 +29,10 @@ Connection tracking no longer sees the redirected packets of a flow, so it no lo
 numbers: the agent sets ``nf_conntrack_tcp_be_liberal`` so that the flow's closing packets, which take the ordinary
 path again, are not judged out of window (:mod:`cni.redirect.manager`). Nor do they give the flow's entry its time
 again, as every packet on the ordinary path does: the program does (``bpf_ct_change_timeout``), for an established
-TCP or assured UDP flow whose entry has less than half of its time left (:class:`Timeouts`), so an active flow's
-entry never expires under it (its next packet would start a new entry, judged by the policies as a new connection,
-perhaps from the other end). An entry with a fixed timeout is left alone, as the ordinary path leaves it; one with
-its own timeouts (a ``ct timeout`` policy) is given the netns's established or stream timeout instead.
+TCP or assured UDP flow whose entry has less than half of its time left (:mod:`cni.redirect.timeouts`), so an
+active flow's entry never expires under it (its next packet would start a new entry, judged by the policies as a new
+connection, perhaps from the other end). An entry with a fixed timeout is left alone, as the ordinary path leaves
+it; one with its own timeouts (a ``ct timeout`` policy) is given the netns's established or stream timeout instead.
 
 The headers are read and rewritten in place (the verifier makes a cloned packet's head the program's own first). The
 IPv4 TTL and header checksum change together, leaving the header's sum as it was; the IPv6 hop limit goes through
@@ -43,14 +43,11 @@ A per-CPU counter map counts the packets handed over each way (:data:`PEER`, :da
 
 from __future__ import annotations
 
-import gzip
-import os
-import re
 from dataclasses import dataclass
 
-from cni.dataplane import sysctl
 from cni.redirect import btf
 from cni.redirect.asm import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Asm
+from cni.redirect.timeouts import Timeouts
 
 NAME = "nodeplug_redir"
 PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
@@ -106,50 +103,6 @@ class Kernel:
         tcp_state = info.offset("nf_conn", "proto") + info.offset("ip_ct_tcp", "state")  # proto: a union
         return cls(lookup, release, change, info.offset("nf_conn", "status"), info.offset("nf_conn", "timeout"),
                    tcp_state)  # fmt: skip
-
-
-_S32_MAX = (1 << 31) - 1
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """How long connection tracking keeps an established TCP and an assured UDP flow (this netns's
-    ``nf_conntrack_tcp_timeout_established`` and ``nf_conntrack_udp_timeout_stream``, read when the program is
-    loaded), and this kernel's tick rate: the program gives a flow's entry its full time again once half of it
-    has run out, as the ordinary path does at every packet (its packets no longer go there)."""
-
-    tcp_seconds: int = 432000
-    udp_seconds: int = 120
-    hz: int = 1000
-
-    def ms(self, seconds: int) -> int:
-        return min(seconds * 1000, _S32_MAX)
-
-    def half_ticks(self, seconds: int) -> int:
-        return min(seconds * self.hz // 2, _S32_MAX)
-
-    @classmethod
-    def read(cls) -> Timeouts:
-        def seconds(key: str, default: int) -> int:
-            value = sysctl.read(key)  # absent until conntrack is loaded: its defaults
-            return int(value) if value and value.isdigit() else default
-
-        return cls(seconds("net.netfilter.nf_conntrack_tcp_timeout_established", cls.tcp_seconds),
-                   seconds("net.netfilter.nf_conntrack_udp_timeout_stream", cls.udp_seconds), kernel_hz())  # fmt: skip
-
-
-def kernel_hz() -> int:
-    """The kernel's tick rate (CONFIG_HZ) from its config (``/proc/config.gz`` or ``/boot/config-<release>``);
-    1000, the highest, when neither says: a rate guessed too high refreshes entries early, never late."""
-    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{os.uname().release}", open)):
-        try:
-            with opener(path, "rt") as f:
-                m = re.search(r"^CONFIG_HZ=(\d+)$", f.read(), re.M)
-        except (OSError, EOFError):
-            continue
-        if m and int(m.group(1)) > 0:
-            return int(m.group(1))
-    return 1000
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 from cni.cluster import teardown
 from cni.dataplane.rtnl import Rtnl
 from cni.policy import quarantine
-from cni.redirect import bpf, btf, manager, program
+from cni.redirect import bpf, btf, manager, program, timeouts
 
 from support.host import needs_root, sh
 from support.innetns import inside
@@ -85,7 +85,7 @@ def test_the_verifier_accepts_the_program_built_from_this_kernels_btf() -> None:
     with (
         bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, 16, "t_pods") as pods,
         bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "t_stats") as stats,
-        bpf.load(program.build(k, program.Timeouts.read(), pods.fd, stats.fd), program.NAME) as prog,
+        bpf.load(program.build(k, timeouts.Timeouts.read(), pods.fd, stats.fd), program.NAME) as prog,
     ):
         assert bpf.prog_info(prog).name == program.NAME
 
