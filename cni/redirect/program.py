@@ -55,7 +55,9 @@ PEER, OUT = 0, 1  # the counters: into a pod of this node, out of another device
 READY, HELD, UPLINK = 1, 2, 3
 
 # helpers by number (include/uapi/linux/bpf.h)
-MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, FIB_LOOKUP, JIFFIES64, REDIRECT_PEER = 1, 9, 23, 69, 118, 155
+MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, SKB_PULL_DATA, FIB_LOOKUP, JIFFIES64, REDIRECT_PEER = (
+    1, 9, 23, 39, 69, 118, 155,
+)  # fmt: skip
 RECOMPUTE_CSUM = 1  # BPF_F_RECOMPUTE_CSUM
 TCX_NEXT, TC_ACT_SHOT = -1, 2
 ETH_HLEN = 14
@@ -159,8 +161,18 @@ def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
 def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
-    # the IP header and the 14 bytes after it, read in place (the linear part holds them, or: not ours) to the stack
-    _packet(a, ETH_HLEN + f.hdr_len + 14)
+    # the IP header and the 14 bytes after it, read in place to the stack; where the packet's linear part does not
+    # hold them all (a device that leaves headers in fragments), pulled into it first
+    size = ETH_HLEN + f.hdr_len + 14
+    _packet(a, size, fail=f"{p}pull")
+    a.jmp("ja", f"{p}read")
+    a.label(f"{p}pull")
+    a.mov(R1, R6)
+    a.mov(R2, imm=size)
+    a.call(SKB_PULL_DATA)
+    a.jmp("jne", "pass", R0, imm=0)  # shorter than that: not TCP or UDP with its header whole
+    _packet(a, size)
+    a.label(f"{p}read")
     _copy(a, HDR, R2, ETH_HLEN, f.hdr_len + 14)
     a.ldx(1, R2, R10, HDR)
     if f.v == 4:

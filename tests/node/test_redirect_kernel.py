@@ -6,9 +6,13 @@ kernel's own list of what each device runs (BPF_PROG_QUERY) is the judge."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
+import shutil
 import socket
+import struct
 from collections.abc import Callable
 
 import pytest
@@ -177,4 +181,69 @@ def test_the_uninstalls_removal_takes_the_program_off(node: str) -> None:
         assert ours(node) == {}
     finally:
         inside(node, manager.detach_all)
+        r.close()
+
+
+TUNSETIFF, IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x400454CA, 0x0002, 0x1000, 0x4000
+
+
+def _open_tap(name: str) -> int:
+    fd = os.open("/dev/net/tun", os.O_RDWR)  # blocking: the tap builds the packet from the header length below
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+    return fd
+
+
+def _ipv4_tcp(src: str, dst: str, sport: int, dport: int, payload: bytes, ttl: int = 64) -> bytes:
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 1, 5 << 4, 0x10, 65535, 0, 0) + payload  # ACK
+    head = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0, ttl, 6, 0, socket.inet_aton(src),
+                       socket.inet_aton(dst))  # fmt: skip
+    total = sum(struct.unpack("!10H", head))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return head[:10] + struct.pack("!H", ~total & 0xFFFF) + head[12:] + tcp
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/net/tun"), reason="no /dev/net/tun")
+@pytest.mark.skipif(not shutil.which("conntrack"), reason="conntrack (Debian package conntrack) not installed")
+def test_a_packet_whose_headers_a_device_left_outside_the_linear_part_is_still_handed_over(
+    netns: Callable[[], str],
+) -> None:
+    """A way in (here a tap, told by the virtio header that only the Ethernet header is linear, as a device that
+    leaves the rest in page fragments) brings an established flow's packet for a routed pod: it goes straight into
+    the pod (the program pulls the headers in first) rather than the ordinary way."""
+    ns, pod = netns(), netns()
+    fd = inside(ns, lambda _: _open_tap("tap0"))
+    r = manager.Redirect()
+    try:
+        for args in (("link", "set", "tap0", "mtu", "9000", "up"),
+                     ("addr", "add", "192.0.2.1/24", "dev", "tap0"),
+                     ("link", "add", "veth0123abcd", "mtu", "9000", "type", "veth", "peer", "name", "eth0",
+                      "mtu", "9000", "netns", pod),
+                     ("link", "set", "veth0123abcd", "alias", "nodeplug veth0123abcd kubenet"),
+                     ("link", "set", "veth0123abcd", "up"),
+                     ("route", "add", "10.9.0.2/32", "dev", "veth0123abcd")):  # fmt: skip
+            sh("ip", "-n", ns, *args)
+        sh("ip", "-n", pod, "link", "set", "eth0", "up")
+        sh("ip", "-n", pod, "addr", "add", "10.9.0.2/32", "dev", "eth0")
+        pod_mac = json.loads(sh("ip", "-n", pod, "-j", "link", "show", "eth0"))[0]["address"]
+        tap_mac = json.loads(sh("ip", "-n", ns, "-j", "link", "show", "tap0"))[0]["address"]
+        sh("ip", "-n", ns, "neigh", "add", "10.9.0.2", "lladdr", pod_mac, "dev", "veth0123abcd", "nud", "permanent")
+        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sh("ip", "netns", "exec", ns, "conntrack", "-I", "-p", "tcp", "-s", "192.0.2.7", "-d", "10.9.0.2",
+           "--sport", "40000", "--dport", "80", "--state", "ESTABLISHED", "-u", "ASSURED,SEEN_REPLY", "-t", "120")  # fmt: skip
+        inside(ns, lambda nl: r.sync(nl, [socket.if_nametoindex("tap0")]))
+        listener = inside(pod, lambda _: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800)))
+        listener.settimeout(5)
+        frame = bytes.fromhex(tap_mac.replace(":", "")) + bytes.fromhex("02aabbccddee") + b"\x08\x00"
+        frame += _ipv4_tcp("192.0.2.7", "10.9.0.2", 40000, 80, os.urandom(5000))  # past a page: not built linear
+        vnet = struct.pack("<BBHHHH", 0, 0, 14, 0, 0, 0)  # no offloads; header length: the Ethernet header only
+        os.write(fd, vnet + frame)
+        got = listener.recv(65536)
+        listener.close()
+        assert got[14 + 12 : 14 + 20] == frame[14 + 12 : 14 + 20] and got[14 + 8] == 63  # the pod has it, forwarded
+        assert got[34:] == frame[34:]
+        assert r.counters()["peer"] == 1  # by the program, not the ordinary path
+    finally:
+        os.close(fd)
+        inside(ns, manager.detach_all)
         r.close()
