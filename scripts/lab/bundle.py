@@ -4,7 +4,6 @@ into ``build/test-cni-bundle/<hash>``: what the install-cni tests install and wh
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,6 +15,13 @@ CACHE = REPO / "build" / "test-cni-bundle"
 SOURCES = ["scripts/build-cni-bundle", "cni/launcher/launcher.c", "cni/launcher/fastpath.c", "cni/launcher/fastpath.h",
            "pyproject.toml"]  # fmt: skip
 STATIC_LIBC = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/aarch64-linux-gnu/libc.a")
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def python() -> str:
+    """The interpreter that builds it: the project's virtualenv (scripts/setup), where PyInstaller is, when there is
+    one (a bench run as ``scripts/bench-cni`` runs under the system's python3)."""
+    return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 
 
 def sources_hash() -> str:
@@ -30,8 +36,8 @@ def sources_hash() -> str:
 
 def missing() -> str:
     """Why a bundle cannot be built here, or ""."""
-    if importlib.util.find_spec("PyInstaller") is None:
-        return "PyInstaller is not installed (dev dependency: pip install pyinstaller)"
+    if subprocess.run([python(), "-c", "import PyInstaller"], capture_output=True, check=False).returncode != 0:
+        return f"PyInstaller is not installed for {python()} (dev dependency: pip install pyinstaller)"
     if shutil.which("gcc") is None or not any(Path(p).exists() for p in STATIC_LIBC):
         return "gcc with static glibc (libc6-dev) is needed to build the launcher"
     return ""
@@ -47,7 +53,7 @@ def build(cache: Path = CACHE, *extra: str, pythonpath: str = "") -> Path:
         tmp = cache / f".tmp-{os.getpid()}"
         env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
         p = subprocess.run(
-            [sys.executable, str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
+            [python(), str(REPO / "scripts/build-cni-bundle"), "--out", str(tmp), *extra],
             capture_output=True, text=True, timeout=600, check=False, env=env,
         )  # fmt: skip
         if p.returncode != 0:

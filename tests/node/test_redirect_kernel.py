@@ -229,8 +229,9 @@ def test_a_packet_whose_headers_a_device_left_outside_the_linear_part_is_still_h
         tap_mac = json.loads(sh("ip", "-n", ns, "-j", "link", "show", "tap0"))[0]["address"]
         sh("ip", "-n", ns, "neigh", "add", "10.9.0.2", "lladdr", pod_mac, "dev", "veth0123abcd", "nud", "permanent")
         sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        sh("ip", "netns", "exec", ns, "conntrack", "-I", "-p", "tcp", "-s", "192.0.2.7", "-d", "10.9.0.2",
-           "--sport", "40000", "--dport", "80", "--state", "ESTABLISHED", "-u", "ASSURED,SEEN_REPLY", "-t", "120")  # fmt: skip
+        flow = ["-p", "tcp", "-s", "192.0.2.7", "-d", "10.9.0.2", "--sport", "40000", "--dport", "80"]
+        sh("ip", "netns", "exec", ns, "conntrack", "-I", *flow, "--state", "ESTABLISHED", "-u", "ASSURED,SEEN_REPLY",
+           "-t", "120")  # fmt: skip
         inside(ns, lambda nl: r.sync(nl, [socket.if_nametoindex("tap0")]))
         listener = inside(pod, lambda _: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800)))
         listener.settimeout(5)
