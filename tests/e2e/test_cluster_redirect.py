@@ -455,7 +455,7 @@ class Trickle:
         while not self.done.wait(0.1):
             data = os.urandom(512)
             self.sent.update(data)
-            self.sock.send(data)
+            self.sock.sendall(data)  # TCP: all of it, or the hash the server answers would not be ours
             if self.proto == "udp":
                 self.sock.settimeout(1)
                 with contextlib.suppress(TimeoutError):

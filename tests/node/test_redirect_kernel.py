@@ -214,6 +214,7 @@ def test_a_packet_whose_headers_a_device_left_outside_the_linear_part_is_still_h
     ns, pod = netns(), netns()
     fd = inside(ns, lambda _: _open_tap("tap0"))
     r = manager.Redirect()
+    listener: socket.socket | None = None
     try:
         for args in (("link", "set", "tap0", "mtu", "9000", "up"),
                      ("addr", "add", "192.0.2.1/24", "dev", "tap0"),
@@ -240,11 +241,12 @@ def test_a_packet_whose_headers_a_device_left_outside_the_linear_part_is_still_h
         vnet = struct.pack("<BBHHHH", 0, 0, 14, 0, 0, 0)  # no offloads; header length: the Ethernet header only
         os.write(fd, vnet + frame)
         got = listener.recv(65536)
-        listener.close()
         assert got[14 + 12 : 14 + 20] == frame[14 + 12 : 14 + 20] and got[14 + 8] == 63  # the pod has it, forwarded
         assert got[34:] == frame[34:]
         assert r.counters()["peer"] == 1  # by the program, not the ordinary path
     finally:
+        if listener is not None:
+            listener.close()
         os.close(fd)
         inside(ns, manager.detach_all)
         r.close()
