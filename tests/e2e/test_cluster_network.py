@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from cni.cluster import offload
 
 from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
+from support.serving import Serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
 
@@ -40,9 +40,9 @@ class WhoAmI:
 
     def __init__(self, ns: Netns) -> None:
         self.ns = ns
-        self.sockets = [ns.call(self._listen, socket.AF_INET), ns.call(self._listen, socket.AF_INET6)]
-        for s in self.sockets:
-            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+        self.serving = Serving()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            self.serving.serve(ns.call(self._listen, family), self._serve)
 
     @staticmethod
     def _listen(family: int) -> socket.socket:
@@ -63,8 +63,7 @@ class WhoAmI:
                     conn.sendall(peer[0].encode())
 
     def close(self) -> None:
-        for s in self.sockets:
-            s.close()
+        self.serving.close()
 
 
 def seen_by(src: Netns, dst: str) -> str:

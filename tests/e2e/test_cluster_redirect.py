@@ -25,6 +25,7 @@ import pytest
 from cni.redirect import bpf, program
 
 from lab.clusterlab import OUTSIDE, Lab, Netns, Node, Pod, missing_assets, wait_for
+from support.serving import Serving, echo_datagrams
 
 pytestmark = [
     pytest.mark.e2e,
@@ -41,8 +42,8 @@ class Sink:
     """A TCP server in a netns that reads each connection to its end and answers the SHA-256 of what came."""
 
     def __init__(self, ns: Netns, family: int, port: int) -> None:
-        self.sock: socket.socket = ns.call(self._listen, family, port)
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.serving = Serving()
+        self.serving.serve(ns.call(self._listen, family, port), self._serve)
 
     @staticmethod
     def _listen(family: int, port: int) -> socket.socket:
@@ -52,10 +53,11 @@ class Sink:
         s.listen(8)
         return s
 
-    def _serve(self) -> None:
+    @staticmethod
+    def _serve(sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
-                conn, _ = self.sock.accept()
+                conn, _ = sock.accept()
                 with conn:
                     h = hashlib.sha256()
                     while chunk := conn.recv(1 << 16):
@@ -63,7 +65,7 @@ class Sink:
                     conn.sendall(h.hexdigest().encode())
 
     def close(self) -> None:
-        self.sock.close()
+        self.serving.close()
 
 
 class Capture:
@@ -75,6 +77,7 @@ class Capture:
         self.ttls: set[int] = set()
         self.bad_checksums = 0
         self.sock: socket.socket = ns.call(self._open, family)
+        self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -87,7 +90,7 @@ class Capture:
         return s
 
     def _read(self) -> None:
-        while self.sock.fileno() >= 0:
+        while not self.stopped.is_set():  # a packet socket's shutdown does not wake its reader; the timeout does
             try:
                 frame = self.sock.recv(256)
             except TimeoutError:
@@ -110,8 +113,9 @@ class Capture:
                 self.bad_checksums += (total & 0xFFFF) + (total >> 16) != 0xFFFF
 
     def close(self) -> None:
-        self.sock.close()
+        self.stopped.set()
         self.thread.join(timeout=HANG)
+        self.sock.close()
 
 
 def send(src: Netns, dst: str, port: int, size: int = SIZE) -> tuple[str, str, int]:
@@ -325,23 +329,23 @@ class Echo:
     """A TCP server in a netns echoing whatever each connection sends."""
 
     def __init__(self, ns: Netns, port: int) -> None:
-        self.sock: socket.socket = ns.call(Sink._listen, socket.AF_INET, port)
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.serving = Serving()
+        self.serving.serve(ns.call(Sink._listen, socket.AF_INET, port), self._serve)
 
-    def _serve(self) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
-                conn, _ = self.sock.accept()
-                threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+                conn, _ = sock.accept()
+                self.serving.serve(conn, self._echo)
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
             while chunk := conn.recv(1 << 16):
                 conn.sendall(chunk)
 
     def close(self) -> None:
-        self.sock.close()
+        self.serving.close()
 
 
 def echoed(c: socket.socket, timeout: float = 2.0) -> bool:
@@ -425,8 +429,8 @@ class Trickle:
         if proto == "tcp":
             self.sink = Sink(server, socket.AF_INET, port)
         else:
-            self.echo: socket.socket = server.call(self._bound, port)
-            threading.Thread(target=self._echo, daemon=True).start()
+            self.echo = Serving()
+            self.echo.serve(server.call(self._bound, port), echo_datagrams)
         self.sock: socket.socket = src.call(self._connected, kind, dst, port)
         self.sport = self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -444,12 +448,6 @@ class Trickle:
         s.settimeout(HANG)
         s.connect((dst, port))
         return s
-
-    def _echo(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                data, peer = self.echo.recvfrom(2048)
-                self.echo.sendto(data, peer)
 
     def _run(self) -> None:
         while not self.done.wait(0.1):

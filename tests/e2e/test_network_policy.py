@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from lab.clusterlab import OUTSIDE, Lab, Netns, Pod, missing_assets, wait_for
+from support.serving import Serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(missing_assets()), reason=missing_assets() or "ok")]
 
@@ -31,12 +31,10 @@ class Servers:
     """TCP servers on PORTS, both families, in a namespace: each connection gets "ok"."""
 
     def __init__(self, ns: Netns) -> None:
-        self.socks: list[socket.socket] = []
+        self.serving = Serving()
         for fam, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
             for port in PORTS:
-                s = ns.call(self._listen, fam, addr, port)
-                self.socks.append(s)
-                threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+                self.serving.serve(ns.call(self._listen, fam, addr, port), self._serve)
 
     @staticmethod
     def _listen(fam: int, addr: str, port: int) -> socket.socket:
@@ -57,8 +55,7 @@ class Servers:
                     conn.sendall(b"ok")
 
     def close(self) -> None:
-        for s in self.socks:
-            s.close()
+        self.serving.close()
 
 
 def reaches(src: Netns, dst: str, port: int = 80) -> bool:

@@ -13,7 +13,6 @@ import contextlib
 import ipaddress
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from cni.policy.ruleset import Ruleset, diff_script, full_script
 from lab.host import unique
 from lab.netns import Netns
 from support.host import needs_root, sh
+from support.serving import Serving, echo_datagrams
 from support.wait import wait_for
 
 pytestmark = [needs_root, pytest.mark.skipif(sh("sh", "-c", "command -v nft || true") == "", reason="no nft")]
@@ -42,15 +42,14 @@ class Servers:
     """TCP listeners on PORTS and a UDP echo on UDP_PORT, both families, in a namespace."""
 
     def __init__(self, ns: Netns) -> None:
-        self.socks: list[socket.socket] = []
+        self.serving = Serving()
         for fam, any_addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
             for port in PORTS:
-                s = ns.call(self._open, fam, socket.SOCK_STREAM, any_addr, port)
-                threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-            u = ns.call(self._open, fam, socket.SOCK_DGRAM, any_addr, UDP_PORT)
-            threading.Thread(target=self._echo, args=(u,), daemon=True).start()
+                self.serving.serve(ns.call(self._open, fam, socket.SOCK_STREAM, any_addr, port), self._accept)
+            self.serving.serve(ns.call(self._open, fam, socket.SOCK_DGRAM, any_addr, UDP_PORT), echo_datagrams)
 
-    def _open(self, fam: int, kind: int, addr: str, port: int) -> socket.socket:
+    @staticmethod
+    def _open(fam: int, kind: int, addr: str, port: int) -> socket.socket:
         s = socket.socket(fam, kind)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if fam == socket.AF_INET6:
@@ -58,34 +57,24 @@ class Servers:
         s.bind((addr, port))
         if kind == socket.SOCK_STREAM:
             s.listen(16)
-        self.socks.append(s)
         return s
 
-    @classmethod
-    def _accept(cls, s: socket.socket) -> None:
+    def _accept(self, s: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = s.accept()
-                threading.Thread(target=cls._talk, args=(conn,), daemon=True).start()
+                self.serving.serve(conn, self._talk)
 
     @staticmethod
     def _talk(conn: socket.socket) -> None:
         """ "ok", then an echo of whatever comes until the client closes."""
-        with conn, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
             conn.sendall(b"ok")
             while data := conn.recv(100):
                 conn.sendall(data)
 
-    @staticmethod
-    def _echo(s: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                data, peer = s.recvfrom(100)
-                s.sendto(data, peer)
-
     def close(self) -> None:
-        for s in self.socks:
-            s.close()
+        self.serving.close()
 
 
 def tcp(ns: Netns, dst: str, port: int, src: str | None = None) -> bool:
