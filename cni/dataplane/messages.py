@@ -3,7 +3,7 @@
 Four message kinds, each a fixed header and a list of attributes (type-length-value, 4-byte aligned):
 
 - :class:`LinkMsg` (``struct ifinfomsg``): links, with their kind-specific data (veth peer, bridge, VXLAN), bridge
-  port data and a bridge port's VLANs (``IFLA_AF_SPEC``);
+  port data, a bridge port's VLANs and a link's IPv6 address generation mode (``IFLA_AF_SPEC``);
 - :class:`AddrMsg` (``struct ifaddrmsg``), :class:`RouteMsg` (``struct rtmsg``, with ``RTA_METRICS``) and
   :class:`NeighMsg` (``struct ndmsg``, neighbour and FDB entries).
 
@@ -77,7 +77,10 @@ _VXLAN = _t(
     (17, "IFLA_VXLAN_LOCAL6", "ipaddr"),
 )
 _VETH = _t((1, "VETH_INFO_PEER", "peer"))
-_AF_SPEC_BRIDGE = _t((2, "IFLA_BRIDGE_VLAN_INFO", "vlan_info"))
+_AF_SPEC_INET6 = _t((8, "IFLA_INET6_ADDR_GEN_MODE", "u8"))
+# a bridge port's VLANs (an AF_BRIDGE message) and a link's IPv6 settings (nested by address family): the numbers
+# do not meet (IFLA_BRIDGE_* end at 6, AF_INET6 is 10)
+_AF_SPEC = _t((2, "IFLA_BRIDGE_VLAN_INFO", "vlan_info"), (10, "AF_INET6", "nested", _AF_SPEC_INET6))
 _LINKINFO = _t(
     (1, "IFLA_INFO_KIND", "asciiz"),
     (2, "IFLA_INFO_DATA", "linkdata"),
@@ -96,7 +99,7 @@ _LINK = _t(
     (13, "IFLA_TXQLEN", "u32"),
     (18, "IFLA_LINKINFO", "nested", _LINKINFO),
     (20, "IFLA_IFALIAS", "asciiz"),
-    (26, "IFLA_AF_SPEC", "afspec", _AF_SPEC_BRIDGE),
+    (26, "IFLA_AF_SPEC", "afspec", _AF_SPEC),
     (27, "IFLA_GROUP", "u32"),
     (28, "IFLA_NET_NS_FD", "u32"),
     (29, "IFLA_EXT_MASK", "u32"),

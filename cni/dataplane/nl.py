@@ -32,7 +32,6 @@ from cni.dataplane.rtnl import (
     RTM_NEWLINK,
     RTM_NEWNEIGH,
     RTM_NEWROUTE,
-    RTM_SETLINK,
     NetlinkError,
     Rtnl,
 )
@@ -44,6 +43,7 @@ IFF_PROMISC = 0x100
 BRIDGE_VLAN_INFO_PVID = 0x2
 BRIDGE_VLAN_INFO_UNTAGGED = 0x4
 IFA_F_NODAD = 0x02
+IN6_ADDR_GEN_MODE_NONE = 1  # IFLA_INET6_ADDR_GEN_MODE: no link-local address made when the link comes up
 RTEXT_FILTER_SKIP_STATS = 1 << 3  # link replies without the counters (smaller, faster to decode)
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
@@ -177,15 +177,6 @@ def port_vlan_msg(index: int, vid: int, flags: int) -> LinkMsg:
     ``flags`` (PVID, untagged), as RTM_DELLINK it removes it, as ``bridge vlan add/del`` do."""
     spec = [("IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid})]
     return link_msg(index, [("IFLA_AF_SPEC", spec)], family=socket.AF_BRIDGE)
-
-
-def add_port_vlan(nl: Rtnl, index: int, vid: int) -> None:
-    """Put bridge port ``index`` into VLAN ``vid``, untagged, as its PVID."""
-    nl.ack(port_vlan_msg(index, vid, BRIDGE_VLAN_INFO_PVID | BRIDGE_VLAN_INFO_UNTAGGED), RTM_SETLINK)
-
-
-def del_port_vlan(nl: Rtnl, index: int, vid: int) -> None:
-    nl.ack(port_vlan_msg(index, vid, 0), RTM_DELLINK)
 
 
 def link_kind(msg: LinkMsg) -> str:

@@ -189,6 +189,8 @@ def test_add_builds_bridge_veth_addresses_routes_and_reaches_the_gateway(
     port = bridge_host.link(hv.name)
     assert port is not None and port["master"] == BR and port["mtu"] == 1400 and "UP" in port["flags"]
     assert port["address"] == hv.mac and port["ifalias"] == "nodeplug nptest eth0 c1 +nomasq"
+    # a bridge port carries frames: no address of its own, not even the IPv6 link-local one every link gets when up
+    assert bridge_host.ip("addr", "show", "dev", hv.name)[0]["addr_info"] == []
 
     link = bridge_host.pod_ip(ns, "link", "show", "eth0")[0]
     assert link["address"] == ctr.mac and link["mtu"] == 1400 and "UP" in link["flags"]
@@ -231,6 +233,18 @@ def test_dual_stack_addresses_are_usable_at_once(host: Host, pod: Callable[[], s
         "ip", "netns", "exec", host.name, "sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"
     )
     assert fwd.split() == ["1", "1"]
+
+
+def test_a_network_below_the_ipv6_minimum_mtu_still_attaches_its_pods(
+    bridge_host: Host, pod: Callable[[], str]
+) -> None:
+    """Below 1280 bytes the kernel gives a link no IPv6 at all, so the bridge port's IPv6 setting is not asked for
+    (the kernel would refuse it, and the ADD with it)."""
+    ns = pod()
+    hv = add(bridge_host, conf(mtu=1200), ns)[-2]
+    port = bridge_host.link(hv.name)
+    assert port is not None and port["mtu"] == 1200 and "UP" in port["flags"]
+    bridge_host.ping(ns, GW4)
 
 
 def test_hairpin_and_promisc(bridge_host: Host, pod: Callable[[], str]) -> None:

@@ -201,6 +201,16 @@ def _cases() -> list[tuple[str, Callable[[], bytes], Callable[[Any], object], st
             "ifinfmsg",
         ),
         (
+            "no IPv6 address generated for a link",
+            lambda: _ours(
+                nl.link_msg(5, [("IFLA_AF_SPEC", [("AF_INET6", [("IFLA_INET6_ADDR_GEN_MODE", 1)])])]), RTM_NEWLINK
+            ),
+            lambda b: b.link(
+                "set", index=5, IFLA_AF_SPEC={"attrs": [["AF_INET6", {"attrs": [["IFLA_INET6_ADDR_GEN_MODE", 1]]}]]}
+            ),
+            "ifinfmsg",
+        ),
+        (
             "delete a link by name",
             lambda: _ours(nl.link_msg(attrs=[("IFLA_IFNAME", "v0")]), RTM_DELLINK),
             lambda b: b.link("del", ifname="v0"),
