@@ -256,6 +256,9 @@ class ClusterNetwork:
                 self._loop.call_soon_threadsafe(self._loop.call_later, self._held_wait, self._queue_redirect_sync)
         else:
             self._held_wait = 0.0
+        if done.reloaded:
+            self.log.info("cluster network: redirect program loaded again for the conntrack timeouts now set",
+                          timeouts=done.reloaded)  # fmt: skip
         if done.attached or done.replaced:
             self.log.info("cluster network: redirect attached", devices=",".join(done.attached),
                           replaced=",".join(done.replaced), pods=done.pods)  # fmt: skip

@@ -1,8 +1,9 @@
 """Where the agent attaches the redirect program (:mod:`cni.redirect.program`), and when.
 
 :class:`Redirect` loads the program once per agent (with its two maps: the routed pods' host-side veths, and the
-counters) and :meth:`Redirect.sync` brings the node's netns in line, as the cluster network's passes run and whenever
-a pod's veth comes or goes (:mod:`cni.cluster.drift`):
+counters), and again only when the netns's conntrack timeouts it was built with change, and :meth:`Redirect.sync`
+brings the node's netns in line, as the cluster network's passes run (every ``resync_seconds`` at the latest) and
+whenever a pod's veth comes or goes (:mod:`cni.cluster.drift`):
 
 - the program on the ingress of every routed pod's host-side veth (``veth`` + hex digits, nodeplug's alias, no
   bridge above it: bridged pods keep the bridge's path) and of the devices other nodes' packets arrive by (the
@@ -11,8 +12,9 @@ a pod's veth comes or goes (:mod:`cni.cluster.drift`):
   :data:`~cni.redirect.program.HELD` while the quarantine holds one of its pod's addresses (its host routes), and
   each way in :data:`~cni.redirect.program.UPLINK`. A held pod is looked at again after 1 s, then less and less
   often (:mod:`cni.cluster.network`): the policy agent lets its addresses go once it has the pod's rules in place;
-- an earlier agent's program (another load: an agent restarted, killed or upgraded) taken off wherever it is,
-  after this one is on, so that no packet finds neither; entries of veths that are gone leave the map;
+- an earlier program (another load: an agent restarted, killed or upgraded, or this one's before the timeouts
+  changed) taken off wherever it is, after this one is on, so that no packet finds neither; entries of veths that
+  are gone leave the map;
 - ``net.netfilter.nf_conntrack_tcp_be_liberal`` = 1 (:mod:`cni.redirect.program` says why).
 
 Attachments belong to the devices (tcx), not to the agent: when it dies they keep working with the map as it was,
@@ -54,6 +56,7 @@ class Synced:
     attached: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # an earlier agent's program taken off
     held: int = 0  # pods left on the ordinary path while the quarantine holds an address of theirs
+    reloaded: str = ""  # the program loaded again for these conntrack timeouts
     problems: list[str] = field(default_factory=list)
 
 
@@ -114,6 +117,8 @@ class Redirect:
         self.pods: bpf.Map | None = None
         self.stats: bpf.Map | None = None
         self.prog_id = 0
+        self.kernel: program.Kernel | None = None
+        self.timeouts = timeouts.Timeouts()  # what the loaded program gives an active flow's entry
         self.known: dict[int, int] = {}  # the map as last written: ifindex -> program.READY, HELD or UPLINK
         self.unavailable = ""  # why this kernel cannot run it, once found
         self._cpus = 1
@@ -138,16 +143,38 @@ class Redirect:
             stats.close()
             self.unavailable = f"redirect unavailable: the kernel refused the program: {e}"
             raise RedirectError(self.unavailable) from None
+        self.kernel, self.timeouts = kernel, conntrack
         self.prog, self.pods, self.stats = prog, pods, stats
         self.prog_id = bpf.prog_info(prog).id
         self._cpus = bpf.possible_cpus()  # slots of a per-CPU value
+
+    def _follow_timeouts(self, out: Synced) -> None:
+        """Load the program again, with the same maps, when the netns's conntrack timeouts are no longer the ones it
+        was built with (kube-proxy sets them when it starts, perhaps after this agent; an operator may tune them):
+        an entry refreshed with a stale, longer timeout would outlive its flow by that much. The sync then puts the
+        new program where the old one is."""
+        assert self.kernel is not None and self.pods is not None and self.stats is not None
+        now = timeouts.Timeouts.read()
+        if now == self.timeouts:
+            return
+        try:
+            prog = bpf.load(program.build(self.kernel, now, self.pods.fd, self.stats.fd), program.NAME)
+        except bpf.BpfError as e:
+            out.problems.append(f"conntrack timeouts changed, the program built for them was refused: {e}")
+            return
+        old, self.prog, self.timeouts = self.prog, prog, now
+        self.prog_id = bpf.prog_info(prog).id
+        out.reloaded = f"tcp established {now.tcp_seconds} s, udp stream {now.udp_seconds} s"
+        if old is not None:
+            old.close()  # where it is attached, the attachment holds it until the sync takes it off
 
     def sync(self, nl: Rtnl, devices: Iterable[int]) -> Synced:
         """Bring this netns in line: the program on each pod veth and on ``devices`` (ifindexes), the map of pods
         current, every other load of it off."""
         self.load()
-        assert self.prog is not None and self.pods is not None
         out = Synced()
+        self._follow_timeouts(out)
+        assert self.prog is not None and self.pods is not None
         sysctl.ensure(BE_LIBERAL, "1", missing_ok=True)  # absent until conntrack is loaded: set at a later sync
         dump = links(nl)
         veths = pod_veths(nl, dump)

@@ -3,6 +3,7 @@ packets no longer pass the ordinary path, which gives the entry its time again a
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import re
@@ -16,9 +17,10 @@ _S32_MAX = (1 << 31) - 1
 @dataclass(frozen=True)
 class Timeouts:
     """How long connection tracking keeps an established TCP and an assured UDP flow (this netns's
-    ``nf_conntrack_tcp_timeout_established`` and ``nf_conntrack_udp_timeout_stream``, read when the program is
-    loaded), and this kernel's tick rate: the program gives a flow's entry its full time again once half of it
-    has run out, as the ordinary path does at every packet (its packets no longer go there)."""
+    ``nf_conntrack_tcp_timeout_established`` and ``nf_conntrack_udp_timeout_stream``, read at every sync of the
+    redirect: the program is loaded again when they change), and this kernel's tick rate: the program gives a
+    flow's entry its full time again once half of it has run out, as the ordinary path does at every packet (its
+    packets no longer go there)."""
 
     tcp_seconds: int = 432000
     udp_seconds: int = 120
@@ -40,6 +42,7 @@ class Timeouts:
                    seconds("net.netfilter.nf_conntrack_udp_timeout_stream", cls.udp_seconds), kernel_hz())  # fmt: skip
 
 
+@functools.cache  # the running kernel's: read once
 def kernel_hz() -> int:
     """The kernel's tick rate (CONFIG_HZ) from its config (``/proc/config.gz`` or ``/boot/config-<release>``);
     1000, the highest, when neither says: a rate guessed too high refreshes entries early, never late."""

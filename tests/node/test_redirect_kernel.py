@@ -139,6 +139,28 @@ def test_an_agent_started_again_takes_the_earlier_program_off_and_the_removal_ta
         second.close()
 
 
+def test_the_program_is_loaded_again_when_the_netns_conntrack_timeouts_change(node: str) -> None:
+    """It keeps active flows' entries alive with the timeouts it was built for: when the netns's change (kube-proxy
+    sets them when it starts), the next sync loads it again for them and puts it where the earlier one was."""
+    r = manager.Redirect()
+    key = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout_stream"
+    eth0 = index_of(node, "eth0")
+    try:
+        assert inside(node, lambda nl: r.sync(nl, [eth0])).reloaded == ""
+        first = r.prog_id
+        again = inside(node, lambda nl: r.sync(nl, [eth0]))
+        assert again.reloaded == "" and again.replaced == [] and r.prog_id == first  # nothing changed: nothing done
+        sh("ip", "netns", "exec", node, "sh", "-c", f"echo 77 > {key}")
+        done = inside(node, lambda nl: r.sync(nl, [eth0]))
+        assert done.problems == [] and "udp stream 77 s" in done.reloaded and r.prog_id != first
+        assert sorted(done.replaced) == ["eth0", "veth0123abcd"]
+        got = ours(node)
+        assert set(got) == {"veth0123abcd", "eth0"} and all(ids == [r.prog_id] for ids in got.values())
+    finally:
+        inside(node, manager.detach_all)
+        r.close()
+
+
 def test_the_counters_start_at_zero_for_a_new_load() -> None:
     r = manager.Redirect()
     try:
