@@ -54,7 +54,7 @@ class Synced:
 
     pods: int = 0
     attached: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)  # an earlier agent's program taken off
+    replaced: list[str] = field(default_factory=list)  # an earlier load taken off (another agent's, or this one's)
     held: int = 0  # pods left on the ordinary path while the quarantine holds an address of theirs
     reloaded: str = ""  # the program loaded again for these conntrack timeouts
     problems: list[str] = field(default_factory=list)

@@ -53,16 +53,19 @@ class Sink:
         s.listen(8)
         return s
 
-    @staticmethod
-    def _serve(sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = sock.accept()
-                with conn:
-                    h = hashlib.sha256()
-                    while chunk := conn.recv(1 << 16):
-                        h.update(chunk)
-                    conn.sendall(h.hexdigest().encode())
+                self.serving.serve(conn, self._hash)  # its own thread, which close() wakes too
+
+    @staticmethod
+    def _hash(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # closed here: the client reads the answer to its end
+            h = hashlib.sha256()
+            while chunk := conn.recv(1 << 16):
+                h.update(chunk)
+            conn.sendall(h.hexdigest().encode())
 
     def close(self) -> None:
         self.serving.close()
@@ -340,7 +343,7 @@ class Echo:
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):
+        with conn, contextlib.suppress(OSError):
             while chunk := conn.recv(1 << 16):
                 conn.sendall(chunk)
 

@@ -68,7 +68,7 @@ class Servers:
     @staticmethod
     def _talk(conn: socket.socket) -> None:
         """ "ok", then an echo of whatever comes until the client closes."""
-        with contextlib.suppress(OSError):
+        with conn, contextlib.suppress(OSError):
             conn.sendall(b"ok")
             while data := conn.recv(100):
                 conn.sendall(data)

@@ -4,7 +4,8 @@ Closing a socket under a thread blocked in ``accept`` or ``recvfrom`` does not w
 waiting on the old socket, and its next call uses a descriptor number the process may since have given to
 another socket (an agent's, another test's), reading what was meant for it. :meth:`Serving.close` shuts each
 socket down first, which wakes its thread (``accept`` fails, ``recvfrom`` returns no sender), waits for the
-threads, and only then closes the sockets."""
+threads, and only then closes the sockets. A serving loop may close its own socket when done with it (a
+connection it answered): Python forgets a closed socket's descriptor, so nothing here touches it again."""
 
 from __future__ import annotations
 
