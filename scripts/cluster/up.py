@@ -130,12 +130,25 @@ def make_btrfs(state: State, n: nodes.Node) -> None:
         run(["nsenter", f"--mount={n.mntns}", "--", "sh", "-ec", f"mkdir -p {BTRFS} && mount {dev} {BTRFS}"])
 
 
+SNAPSHOT_CRDS = ("volumesnapshots", "volumesnapshotclasses", "volumesnapshotcontents")
+
+
+def _established(k: list[str]) -> bool:
+    """Whether each snapshot CRD has condition Established True. Polled rather than ``kubectl wait``: a CRD just
+    made has ``status.conditions: null``, which kubectl wait takes for an error instead of a wait."""
+    got = json.loads(run([*k, "get", "-o", "json", *[f"crd/{c}.snapshot.storage.k8s.io" for c in SNAPSHOT_CRDS]]))
+    items = got.get("items", [got])  # a List of the three
+    established = 0
+    for crd in items:
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        established += any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+    return established == len(SNAPSHOT_CRDS)
+
+
 def apply_addons(state: State) -> None:
     k = kubectl(state)
     run([*k, "apply", "-k", KUBE_ASSETS / "csi" / "crd"], timeout=120)
-    run([*k, "wait", "--for=condition=Established", "--timeout=60s", "crd/volumesnapshots.snapshot.storage.k8s.io",
-         "crd/volumesnapshotclasses.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io"],
-        timeout=90)  # fmt: skip
+    wait_for("the snapshot CRDs established", lambda: _established(k), 60)
     run([*k, "apply", "-f", ADDONS / "snapshot-controller.yaml"])
 
 
