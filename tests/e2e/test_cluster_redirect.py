@@ -43,7 +43,7 @@ class Sink:
 
     def __init__(self, ns: Netns, family: int, port: int) -> None:
         self.serving = Serving()
-        self.serving.serve(ns.call(self._listen, family, port), self._serve)
+        self.serving.connections(ns.call(self._listen, family, port), self._hash)
 
     @staticmethod
     def _listen(family: int, port: int) -> socket.socket:
@@ -52,12 +52,6 @@ class Sink:
         s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
         s.listen(8)
         return s
-
-    def _serve(self, sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = sock.accept()
-                self.serving.serve(conn, self._hash)  # its own thread, which close() wakes too
 
     @staticmethod
     def _hash(conn: socket.socket) -> None:
@@ -333,13 +327,7 @@ class Echo:
 
     def __init__(self, ns: Netns, port: int) -> None:
         self.serving = Serving()
-        self.serving.serve(ns.call(Sink._listen, socket.AF_INET, port), self._serve)
-
-    def _serve(self, sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = sock.accept()
-                self.serving.serve(conn, self._echo)
+        self.serving.connections(ns.call(Sink._listen, socket.AF_INET, port), self._echo)
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:

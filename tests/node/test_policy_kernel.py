@@ -45,7 +45,7 @@ class Servers:
         self.serving = Serving()
         for fam, any_addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
             for port in PORTS:
-                self.serving.serve(ns.call(self._open, fam, socket.SOCK_STREAM, any_addr, port), self._accept)
+                self.serving.connections(ns.call(self._open, fam, socket.SOCK_STREAM, any_addr, port), self._talk)
             self.serving.serve(ns.call(self._open, fam, socket.SOCK_DGRAM, any_addr, UDP_PORT), echo_datagrams)
 
     @staticmethod
@@ -58,12 +58,6 @@ class Servers:
         if kind == socket.SOCK_STREAM:
             s.listen(16)
         return s
-
-    def _accept(self, s: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = s.accept()
-                self.serving.serve(conn, self._talk)
 
     @staticmethod
     def _talk(conn: socket.socket) -> None:

@@ -30,6 +30,17 @@ class Serving:
         thread.start()
         return sock
 
+    def connections(self, listener: socket.socket, handle: Callable[[socket.socket], None]) -> socket.socket:
+        """Serve ``listener``: each connection it accepts handled by ``handle`` on a thread of its own (which
+        :meth:`close` wakes too; ``handle`` may close the connection when done); ``listener`` back."""
+
+        def accept(s: socket.socket) -> None:
+            with contextlib.suppress(OSError):  # shut down
+                while True:
+                    self.serve(s.accept()[0], handle)
+
+        return self.serve(listener, accept)
+
     def close(self) -> None:
         done = 0
         while done < len(self.socks):  # a connection accepted meanwhile is served too: shut it down in the next turn
