@@ -73,6 +73,11 @@ def pod_veths(nl: Rtnl, dump: Sequence[LinkMsg] | None = None) -> dict[int, str]
     return out
 
 
+def _built(kernel: program.Kernel, t: timeouts.Timeouts, pods: bpf.Map, stats: bpf.Map) -> bpf.Fd:
+    """The program for this kernel and these timeouts, loaded, using ``pods`` and ``stats``."""
+    return bpf.load(program.build(kernel, t, pods.fd, stats.fd), program.NAME)
+
+
 def _ours(prog_id: int) -> bool:
     try:
         with bpf.prog_by_id(prog_id) as p:
@@ -137,7 +142,7 @@ class Redirect:
             self.unavailable = f"redirect unavailable: {e}"
             raise RedirectError(self.unavailable) from None
         try:
-            prog = bpf.load(program.build(kernel, conntrack, pods.fd, stats.fd), program.NAME)
+            prog = _built(kernel, conntrack, pods, stats)
         except bpf.BpfError as e:
             pods.close()
             stats.close()
@@ -158,7 +163,7 @@ class Redirect:
         if now == self.timeouts:
             return
         try:
-            prog = bpf.load(program.build(self.kernel, now, self.pods.fd, self.stats.fd), program.NAME)
+            prog = _built(self.kernel, now, self.pods, self.stats)
         except bpf.BpfError as e:
             out.problems.append(f"conntrack timeouts changed, the program built for them was refused: {e}")
             return
@@ -171,9 +176,11 @@ class Redirect:
     def sync(self, nl: Rtnl, devices: Iterable[int]) -> Synced:
         """Bring this netns in line: the program on each pod veth and on ``devices`` (ifindexes), the map of pods
         current, every other load of it off."""
-        self.load()
         out = Synced()
-        self._follow_timeouts(out)
+        if self.prog is None:
+            self.load()  # built for the timeouts it has just read
+        else:
+            self._follow_timeouts(out)
         assert self.prog is not None and self.pods is not None
         sysctl.ensure(BE_LIBERAL, "1", missing_ok=True)  # absent until conntrack is loaded: set at a later sync
         dump = links(nl)
