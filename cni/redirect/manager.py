@@ -1,17 +1,19 @@
 """Where the agent attaches the redirect program (:mod:`cni.redirect.program`), and when.
 
-:class:`Redirect` loads the program once per agent (with its two maps: the routed pods' host-side veths, and the
-counters), and again only when the netns's conntrack timeouts it was built with change, and :meth:`Redirect.sync`
-brings the node's netns in line, as the cluster network's passes run (every ``resync_seconds`` at the latest) and
-whenever a pod's veth comes or goes (:mod:`cni.cluster.drift`):
+:class:`Redirect` loads the program once per agent (with its maps: the routed pods' host-side veths, the counters,
+the flows' decisions and their generation), and again only when the netns's conntrack timeouts it was built with
+change, and :meth:`Redirect.sync` brings the node's netns in line, as the cluster network's passes run (every
+``resync_seconds`` at the latest) and whenever a pod's veth comes or goes (:mod:`cni.cluster.drift`):
 
 - the program on the ingress of every routed pod's host-side veth (``veth`` + hex digits, nodeplug's alias, no
   bridge above it: bridged pods keep the bridge's path) and of the devices other nodes' packets arrive by (the
   underlay and the VXLAN device: the ways in);
 - the map of devices the program consults: each such veth :data:`~cni.redirect.program.READY`, or
   :data:`~cni.redirect.program.HELD` while the quarantine holds one of its pod's addresses (its host routes), and
-  each way in :data:`~cni.redirect.program.UPLINK`. A held pod is looked at again after 1 s, then less and less
-  often (:mod:`cni.cluster.network`): the policy agent lets its addresses go once it has the pod's rules in place;
+  each way in :data:`~cni.redirect.program.UPLINK`; when it changes, the generation moves on, so that no flow's
+  decision taken with the map as it was is used again (:mod:`cni.redirect.program`). A held pod is looked at again
+  after 1 s, then less and less often (:mod:`cni.cluster.network`): the policy agent lets its addresses go once it
+  has the pod's rules in place;
 - an earlier program (another load: an agent restarted, killed or upgraded, or this one's before the timeouts
   changed) taken off wherever it is, after this one is on, so that no packet finds neither; entries of veths that
   are gone leave the map;
@@ -73,9 +75,29 @@ def pod_veths(nl: Rtnl, dump: Sequence[LinkMsg] | None = None) -> dict[int, str]
     return out
 
 
-def _built(kernel: program.Kernel, t: timeouts.Timeouts, pods: bpf.Map, stats: bpf.Map) -> bpf.Fd:
-    """The program for this kernel and these timeouts, loaded, using ``pods`` and ``stats``."""
-    return bpf.load(program.build(kernel, t, pods.fd, stats.fd), program.NAME)
+def create_maps() -> tuple[bpf.Map, bpf.Map, bpf.Map, bpf.Map]:
+    """The program's maps, new and empty (:class:`cni.redirect.program.Maps` says what each holds): the devices,
+    the counters, the flows and the generation; BpfError when the kernel refuses one (those made are closed)."""
+    made: list[bpf.Map] = []
+    try:
+        for kind, key, value, entries, name in (
+            (bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods"),
+            (bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats"),
+            (bpf.MAP_TYPE_PERCPU_ARRAY, 4, program.SLOT_SIZE, program.SLOTS, "nodeplug_flows"),
+            (bpf.MAP_TYPE_ARRAY, 4, 8, 1, "nodeplug_gen"),
+        ):
+            made.append(bpf.Map.create(kind, key, value, entries, name))
+    except bpf.BpfError:
+        for m in made:
+            m.close()
+        raise
+    pods, stats, flows, gen = made
+    return pods, stats, flows, gen
+
+
+def _built(kernel: program.Kernel, t: timeouts.Timeouts, maps: program.Maps) -> bpf.Fd:
+    """The program for this kernel and these timeouts, loaded, using ``maps``."""
+    return bpf.load(program.build(kernel, t, maps), program.NAME)
 
 
 def _ours(prog_id: int) -> bool:
@@ -121,6 +143,9 @@ class Redirect:
         self.prog: bpf.Fd | None = None
         self.pods: bpf.Map | None = None
         self.stats: bpf.Map | None = None
+        self.flows: bpf.Map | None = None
+        self.gen: bpf.Map | None = None
+        self.generation = 0  # the generation last written: moved on whenever the map of devices changes
         self.prog_id = 0
         self.kernel: program.Kernel | None = None
         self.timeouts = timeouts.Timeouts()  # what the loaded program gives an active flow's entry
@@ -136,20 +161,20 @@ class Redirect:
             raise RedirectError(self.unavailable)
         try:
             kernel, conntrack = program.Kernel.read(), timeouts.Timeouts.read()
-            pods = bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, MAX_PODS, "nodeplug_pods")
-            stats = bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "nodeplug_stats")
+            maps = create_maps()
         except (BtfError, bpf.BpfError) as e:
             self.unavailable = f"redirect unavailable: {e}"
             raise RedirectError(self.unavailable) from None
         try:
-            prog = _built(kernel, conntrack, pods, stats)
+            prog = _built(kernel, conntrack, program.Maps(*(m.fd for m in maps)))
         except bpf.BpfError as e:
-            pods.close()
-            stats.close()
+            for m in maps:
+                m.close()
             self.unavailable = f"redirect unavailable: the kernel refused the program: {e}"
             raise RedirectError(self.unavailable) from None
         self.kernel, self.timeouts = kernel, conntrack
-        self.prog, self.pods, self.stats = prog, pods, stats
+        self.prog, (self.pods, self.stats, self.flows, self.gen) = prog, maps
+        self.generation = 0
         self.prog_id = bpf.prog_info(prog).id
         self._cpus = bpf.possible_cpus()  # slots of a per-CPU value
 
@@ -158,12 +183,12 @@ class Redirect:
         was built with (kube-proxy sets them when it starts, perhaps after this agent; an operator may tune them):
         an entry refreshed with a stale, longer timeout would outlive its flow by that much. The sync then puts the
         new program where the old one is."""
-        assert self.kernel is not None and self.pods is not None and self.stats is not None
+        assert self.kernel is not None
         now = timeouts.Timeouts.read()
         if now == self.timeouts:
             return
         try:
-            prog = _built(self.kernel, now, self.pods, self.stats)
+            prog = _built(self.kernel, now, self._fds())
         except bpf.BpfError as e:
             out.problems.append(f"conntrack timeouts changed, the program built for them was refused: {e}")
             return
@@ -172,6 +197,10 @@ class Redirect:
         out.reloaded = f"tcp established {now.tcp_seconds} s, udp stream {now.udp_seconds} s"
         if old is not None:
             old.close()  # where it is attached, the attachment holds it until the sync takes it off
+
+    def _fds(self) -> program.Maps:
+        assert self.pods is not None and self.stats is not None and self.flows is not None and self.gen is not None
+        return program.Maps(self.pods.fd, self.stats.fd, self.flows.fd, self.gen.fd)
 
     def sync(self, nl: Rtnl, devices: Iterable[int]) -> Synced:
         """Bring this netns in line: the program on each pod veth and on ``devices`` (ifindexes), the map of pods
@@ -194,6 +223,10 @@ class Redirect:
                 self.pods.update(_U32.pack(index), _U32.pack(kind))
         for index in self.known.keys() - kinds.keys():
             self.pods.delete(_U32.pack(index))
+        if kinds != self.known:  # every flow's decision taken before is taken again, with the map as it is now
+            assert self.gen is not None
+            self.generation += 1
+            self.gen.update(_U32.pack(0), struct.pack("<Q", self.generation))
         self.known = kinds
         out.held = len(held)
         want = set(veths) | devices
@@ -260,10 +293,10 @@ class Redirect:
 
     def close(self) -> None:
         """Let go of this agent's descriptors (the attachments stay with the devices)."""
-        for fd in (self.prog, self.pods, self.stats):
+        for fd in (self.prog, self.pods, self.stats, self.flows, self.gen):
             if fd is not None:
                 fd.close()
-        self.prog = self.pods = self.stats = None
+        self.prog = self.pods = self.stats = self.flows = self.gen = None
         self.known = {}
 
 

@@ -28,15 +28,31 @@ program, then the kernel's ordinary path, which is exactly what it was without t
 Connection tracking no longer sees the redirected packets of a flow, so it no longer follows their TCP sequence
 numbers: the agent sets ``nf_conntrack_tcp_be_liberal`` so that the flow's closing packets, which take the ordinary
 path again, are not judged out of window (:mod:`cni.redirect.manager`). Nor do they give the flow's entry its time
-again, as every packet on the ordinary path does: the program does (``bpf_ct_change_timeout``), for an established
-TCP or assured UDP flow whose entry has less than half of its time left (:mod:`cni.redirect.timeouts`), so an
-active flow's entry never expires under it (its next packet would start a new entry, judged by the policies as a new
-connection, perhaps from the other end). An entry with a fixed timeout is left alone, as the ordinary path leaves
-it; one with its own timeouts (a ``ct timeout`` policy) is given the netns's established or stream timeout instead.
+again, as every packet on the ordinary path does: the program does (``bpf_ct_change_timeout``, at a packet that
+takes the lookups, below), for an established TCP or assured UDP flow whose entry has less than half of its time
+left (:mod:`cni.redirect.timeouts`), so an active flow's entry never expires under it (its next packet would start
+a new entry, judged by the policies as a new connection, perhaps from the other end). An entry with a fixed
+timeout is left alone, as the ordinary path leaves it; one with its own timeouts (a ``ct timeout`` policy) is given
+the netns's established or stream timeout instead.
 
 The headers are read and rewritten in place (the verifier makes a cloned packet's head the program's own first). The
 IPv4 TTL and header checksum change together, leaving the header's sum as it was; the IPv6 hop limit goes through
 ``bpf_skb_store_bytes``, which also mends a checksum the receiving device gave for the whole packet.
+
+The lookups (the route with its neighbour, two devices, conntrack's entry taken and let go) are most of the
+program's cost (700-800 ns a run during a pod's TCP stream, measured with ``kernel.bpf_stats_enabled``; 240-260 ns
+without them), so a flow's decision is kept: in this CPU's slot for the flow (the per-CPU map of flows,
+:data:`SLOTS` slots indexed by a hash of the flow's key) the program writes the flow's whole key (the device it came
+in by, protocol and family, addresses and ports), where it sent it (device, way, MACs), when, and the generation of
+the map of devices it read (:class:`Maps`). A packet whose slot holds its own key, the current generation and a
+decision less than :data:`FRESH_NS` old goes where that one went with none of the lookups but the device's MTU (the
+packet may be longer than the one the route was looked up for); any other packet takes them all, and its decision
+(only a redirect's) replaces the slot's. So a flow is looked at again at least every 50 ms while it runs: its
+conntrack entry gone or no longer established both ways, its route or neighbour changed, and its packets are back on
+the ordinary path within that time; a change to the map of devices (a pod held, gone or come) moves the generation
+on, and takes effect at the next packet. The checks on the packet itself (its header, TCP flags, TTL) are made on
+every packet. A slot is only ever read and written on its own CPU, in the receive path, whose bottom halves are off:
+no other program run can write it halfway through a read.
 
 A per-CPU counter map counts the packets handed over each way (:data:`PEER`, :data:`OUT`).
 """
@@ -58,6 +74,8 @@ READY, HELD, UPLINK = 1, 2, 3
 MAP_LOOKUP_ELEM, SKB_STORE_BYTES, REDIRECT, SKB_PULL_DATA, FIB_LOOKUP, JIFFIES64, REDIRECT_PEER = (
     1, 9, 23, 39, 69, 118, 155,
 )  # fmt: skip
+COARSE_NS, CHECK_MTU = 160, 163
+MTU_CHK_SEGS = 1  # BPF_MTU_CHK_SEGS: a segmented packet's segments each against the MTU
 RECOMPUTE_CSUM = 1  # BPF_F_RECOMPUTE_CSUM
 TCX_NEXT, TC_ACT_SHOT = -1, 2
 ETH_HLEN = 14
@@ -83,8 +101,31 @@ OPTS = -120  # struct bpf_ct_opts (16 bytes kept zero beyond the 12 passed)
 HDR = -184  # the IP header and the first 14 bytes after it
 KEY = -192  # a map key or a byte or two to store
 OUTIF = -200  # the device the route leaves by
+FLOW = -248  # the flow's key (FLOW_KEY bytes, 8-aligned)
+GEN = -256  # the generation read at the start
+SLOT = -264  # the flow's slot (a pointer into the per-CPU map of flows)
+
+# the per-CPU map of flows: a slot per hash of a flow's key, holding the key and what was decided for it
+SLOTS = 1024  # per CPU; a power of two
+SLOT_BITS = SLOTS.bit_length() - 1
+FLOW_KEY = 44  # ingress ifindex, L4 protocol | family << 8, saddr, daddr, sport, dport (IPv4 uses the first 20)
+S_OUTIF, S_WAY, S_MACS, S_CHECKED, S_GEN, SLOT_SIZE = 44, 48, 52, 64, 72, 80  # S_MACS: FIB's order, smac then dmac
+FRESH_NS = 50_000_000  # a decision is taken again from the kernel's tables after this long
+GOLDEN = 0x9E3779B1
 
 KFUNCS = ("bpf_skb_ct_lookup", "bpf_ct_release", "bpf_ct_change_timeout")
+
+
+@dataclass(frozen=True)
+class Maps:
+    """The descriptors of the program's maps: the devices (u32 ifindex -> :data:`READY`, :data:`HELD` or
+    :data:`UPLINK`), the per-CPU counters (u32 index -> u64), the per-CPU flows (u32 slot -> :data:`SLOT_SIZE`
+    bytes) and the generation (one u64, which the agent moves on whenever the map of devices may have changed)."""
+
+    pods: int
+    stats: int
+    flows: int
+    gen: int
 
 
 @dataclass(frozen=True)
@@ -148,6 +189,30 @@ def _packet(a: Asm, size: int, fail: str = "pass") -> None:
     a.jmp("jgt", fail, R4, src=R3)
 
 
+def _move(a: Asm, dst: int, dst_off: int, src: int, src_off: int, size: int) -> None:
+    """Copy ``size`` bytes (a multiple of 4) from ``src + src_off`` to ``dst + dst_off``, 8 at a time where both are
+    8-aligned."""
+    wide = (dst_off - src_off) % 8 == 0 and src_off % 8 == 0
+    i = 0
+    while i < size:
+        n = 8 if wide and size - i >= 8 else 4
+        a.ldx(n, R4, src, src_off + i)
+        a.stx(n, dst, dst_off + i, R4)
+        i += n
+
+
+def _same(a: Asm, x: int, x_off: int, y: int, y_off: int, size: int, differ: str) -> None:
+    """To ``differ`` unless the ``size`` bytes (a multiple of 4) at ``x + x_off`` and ``y + y_off`` are equal."""
+    wide = (x_off - y_off) % 8 == 0 and y_off % 8 == 0
+    i = 0
+    while i < size:
+        n = 8 if wide and size - i >= 8 else 4
+        a.ldx(n, R2, x, x_off + i)
+        a.ldx(n, R3, y, y_off + i)
+        a.jmp("jne", differ, R2, src=R3)
+        i += n
+
+
 def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
     """``r0 = map[*(u32 *)(base + off)]`` (NULL when absent)."""
     a.ldx(4, R2, base, off)
@@ -158,7 +223,77 @@ def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
     a.call(MAP_LOOKUP_ELEM)
 
 
-def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
+def _cached(a: Asm, f: _Family, p: str, maps: Maps) -> None:
+    """The flow's slot in this CPU's map of flows (kept at :data:`SLOT`, the flow's key at :data:`FLOW`, the
+    generation at :data:`GEN`, for the decision to be written there); where the slot holds this flow's key and a
+    decision of this generation taken less than :data:`FRESH_NS` ago, and the packet fits the device's MTU, on to
+    ``{p}rewrite`` with that decision (:data:`OUTIF`, the MACs, the way in ``r8``); else on to ``{p}fib``."""
+    klen = _klen(f)
+    a.st(4, R10, KEY, 0)
+    _lookup(a, maps.gen, R10, KEY)
+    a.jmp("jeq", "pass", R0, imm=0)
+    a.ldx(8, R2, R0, 0)
+    a.stx(8, R10, GEN, R2)
+    a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
+    a.stx(4, R10, FLOW, R2)
+    a.mov(R2, R7)
+    a.alu("or", R2, imm=f.af << 8)
+    a.stx(4, R10, FLOW + 4, R2)
+    _copy(a, FLOW + 8, R10, HDR + f.src, klen - 8)
+    a.ldx(4, R1, R10, FLOW)
+    for off in range(8, klen, 4):
+        a.ldx(4, R2, R10, FLOW + off)
+        a.alu("xor", R1, src=R2)
+    a.alu("mul", R1, imm=GOLDEN)
+    a.alu("lsh", R1, imm=32)
+    a.alu("rsh", R1, imm=64 - SLOT_BITS)  # the top bits of the product's low 32
+    a.stx(4, R10, KEY, R1)
+    _lookup(a, maps.flows, R10, KEY)
+    a.jmp("jeq", "pass", R0, imm=0)  # not for an index below SLOTS
+    a.stx(8, R10, SLOT, R0)
+    _same(a, R0, 0, R10, FLOW, klen, f"{p}fib")
+    _same(a, R0, S_GEN, R10, GEN, 8, f"{p}fib")
+    a.call(COARSE_NS)
+    a.ldx(8, R1, R10, SLOT)
+    a.ldx(8, R2, R1, S_CHECKED)
+    a.alu("sub", R0, src=R2)
+    a.jmp("jgt", f"{p}fib", R0, imm=FRESH_NS)
+    a.ldx(4, R9, R1, S_OUTIF)
+    a.stx(4, R10, OUTIF, R9)
+    a.ldx(4, R8, R1, S_WAY)
+    _move(a, R10, FIB + FIB_SMAC, R1, S_MACS, 12)
+    # the device's MTU, as the route's lookup checks it (this packet may be longer than the one that took it)
+    a.st(4, R10, KEY, 0)
+    a.mov(R1, R6)
+    a.mov(R2, R9)
+    a.mov(R3, R10)
+    a.alu("add", R3, imm=KEY)
+    a.mov(R4, imm=0)
+    a.mov(R5, imm=MTU_CHK_SEGS)
+    a.call(CHECK_MTU)
+    a.jmp("jeq", f"{p}rewrite", R0, imm=0)
+
+
+def _remember(a: Asm, f: _Family) -> None:
+    """The decision (:data:`OUTIF`, the way in ``r8``, the route's MACs) into the flow's slot, with the key, the
+    generation and the time."""
+    a.call(COARSE_NS)
+    a.ldx(8, R1, R10, SLOT)
+    a.stx(8, R1, S_CHECKED, R0)
+    _move(a, R1, 0, R10, FLOW, _klen(f))
+    _move(a, R1, S_GEN, R10, GEN, 8)
+    a.ldx(4, R2, R10, OUTIF)
+    a.stx(4, R1, S_OUTIF, R2)
+    a.stx(4, R1, S_WAY, R8)
+    _move(a, R1, S_MACS, R10, FIB + FIB_SMAC, 12)
+
+
+def _klen(f: _Family) -> int:
+    """The length of a flow's key: ingress ifindex, protocol and family, addresses, ports."""
+    return 8 + 2 * f.addr_len + 4
+
+
+def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, maps: Maps) -> None:
     p = f"v{f.v}_"
     a.label(f"{p}start")
     # the IP header and the 14 bytes after it, read in place to the stack; where the packet's linear part does not
@@ -201,6 +336,8 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     a.ldx(1, R2, R10, HDR + f.hdr_len + 13)  # TCP flags
     a.jmp("jset", "pass", R2, imm=0x07)  # FIN, SYN, RST
     a.label(f"{p}route")
+    _cached(a, f, p, maps)
+    a.label(f"{p}fib")
     # the route (also turns away, cheaply, the node's own traffic on a way in)
     for off in range(0, FIB_SIZE, 8):
         a.st(8, R10, FIB + off, 0)
@@ -225,14 +362,14 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     a.ldx(4, R2, R6, SKB_INGRESS_IFINDEX)
     a.jmp("jeq", "pass", R2, src=R9)  # back where it came from: not ours to shortcut
     # where it came from: a ready pod or a way in (the program is on nothing else; a held pod's packets are not ours)
-    _lookup(a, pods_fd, R6, SKB_INGRESS_IFINDEX)
+    _lookup(a, maps.pods, R6, SKB_INGRESS_IFINDEX)
     a.jmp("jeq", "pass", R0, imm=0)
     a.ldx(4, R7, R0, 0)  # the way in's kind, kept across the next call
     a.jmp("jeq", f"{p}where", R7, imm=READY)
     a.jmp("jne", "pass", R7, imm=UPLINK)
     a.label(f"{p}where")
     # where it goes: into a ready pod of this node, or from a pod out of a way in
-    _lookup(a, pods_fd, R10, OUTIF)
+    _lookup(a, maps.pods, R10, OUTIF)
     a.jmp("jeq", "pass", R0, imm=0)
     a.ldx(4, R2, R0, 0)
     a.mov(R8, imm=PEER)
@@ -295,6 +432,7 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     a.mov(R1, R7)
     a.kfunc(k.ct_release)
     a.jmp("jne", "pass", R9, imm=0)
+    _remember(a, f)
     a.label(f"{p}rewrite")
     # as the kernel forwards it: TTL or hop limit one less, the route's MACs
     if f.v == 4:  # the header checksum follows the TTL (ip_decrease_ttl), so the header's sum stays the same
@@ -329,10 +467,8 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, pods_fd: int) -> None:
     a.jmp("ja", "count")
 
 
-def build(k: Kernel, t: Timeouts, pods_fd: int, stats_fd: int) -> bytes:
-    """The program's instructions for this kernel and these conntrack timeouts, using the map of devices
-    ``pods_fd`` (u32 ifindex -> :data:`READY`, :data:`HELD` or :data:`UPLINK`) and the per-CPU counters
-    ``stats_fd`` (u32 index -> u64)."""
+def build(k: Kernel, t: Timeouts, maps: Maps) -> bytes:
+    """The program's instructions for this kernel and these conntrack timeouts, using ``maps``."""
     a = Asm()
     a.mov(R6, R1)
     a.ldx(4, R2, R6, SKB_PKT_TYPE)
@@ -345,12 +481,12 @@ def build(k: Kernel, t: Timeouts, pods_fd: int, stats_fd: int) -> bytes:
     a.label("drop")  # a header half rewritten
     a.mov(R0, imm=TC_ACT_SHOT)
     a.exit()
-    _family(a, _V4, k, t, pods_fd)
-    _family(a, _V6, k, t, pods_fd)
+    _family(a, _V4, k, t, maps)
+    _family(a, _V6, k, t, maps)
     # R8: which way; the counter, then the hand-over
     a.label("count")
     a.stx(4, R10, KEY, R8)
-    a.load_map(R1, stats_fd)
+    a.load_map(R1, maps.stats)
     a.mov(R2, R10)
     a.alu("add", R2, imm=KEY)
     a.call(MAP_LOOKUP_ELEM)

@@ -382,6 +382,43 @@ def test_a_pod_address_the_quarantine_holds_gets_nothing_past_it(lab: Lab) -> No
         echo.close()
 
 
+def test_a_flow_whose_tracking_entry_goes_meets_the_nodes_filters_again(lab: Lab) -> None:
+    """The program keeps a flow's decision for a moment only: once the flow's connection tracking entry is gone
+    (``conntrack -D``), its packets meet the node's filters again as a new connection's, and a filter that drops new
+    connections on the port (both ways, so that no packet of either end starts an entry that lets the other's
+    through) stops it; let through again, it is picked up, tracked and shortcut as before."""
+    n1, n2 = lab.nodes[:2]
+    a = next(p for p in routed(lab) if p.node is n1)
+    b = next(p for p in routed(lab) if p.node is n2)
+    echo = Echo(a.ns, 7600)
+    c: socket.socket = b.ns.call(lambda: socket.create_connection((a.ip4, 7600), timeout=HANG))
+    filtered = False
+    try:
+        before = redirected(n1)["peer"]
+        assert all(echoed(c) for _ in range(50))
+        # (a pod the quarantine held is let go at the agent's next look, 1 s or more after its address)
+        wait_for("the connection is shortcut", lambda: echoed(c) and redirected(n1)["peer"] > before, timeout=HANG)
+        n1.ns.exec("nft", "add", "table", "inet", "t7600")
+        filtered = True
+        n1.ns.exec("nft", "add", "chain", "inet", "t7600", "gate", "{ type filter hook forward priority 0; }")
+        for port in ("dport", "sport"):
+            n1.ns.exec("nft", "add", "rule", "inet", "t7600", "gate", "tcp", port, "7600", "ct", "state", "new", "drop")
+        out = n1.ns.exec("conntrack", "-D", "-p", "tcp", "--dport", "7600")  # fails where it deleted nothing
+        assert "ESTABLISHED" in out and "dport=7600" in out, out
+        wait_for("the flow stops at the node's filter", lambda: not echoed(c, 0.5), timeout=HANG)
+        assert not echoed(c)
+    finally:
+        if filtered:
+            n1.ns.exec("nft", "delete", "table", "inet", "t7600")
+    try:
+        wait_for("the connection goes on once let through", lambda: echoed(c, 2.0), timeout=HANG)
+        mark = redirected(n1)["peer"]
+        wait_for("its packets are shortcut again", lambda: echoed(c) and redirected(n1)["peer"] > mark, timeout=HANG)
+    finally:
+        c.close()
+        echo.close()
+
+
 def doctor_line(node: Node) -> str:
     return node.doctor("redirect on every")
 

@@ -79,6 +79,12 @@ def mapped(r: manager.Redirect) -> dict[int, int]:
     return {int.from_bytes(k, "little"): int.from_bytes(r.pods.lookup(k) or b"", "little") for k in r.pods.walk()}
 
 
+def generation(r: manager.Redirect) -> int:
+    """The generation the loaded program compares each flow's decision with."""
+    assert r.gen is not None
+    return int.from_bytes(r.gen.lookup(b"\0\0\0\0") or b"", "little")
+
+
 def index_of(ns: str, name: str) -> int:
     got: int = inside(ns, lambda _: socket.if_nametoindex(name))
     return got
@@ -86,12 +92,14 @@ def index_of(ns: str, name: str) -> int:
 
 def test_the_verifier_accepts_the_program_built_from_this_kernels_btf() -> None:
     k = program.Kernel.read()
-    with (
-        bpf.Map.create(bpf.MAP_TYPE_HASH, 4, 4, 16, "t_pods") as pods,
-        bpf.Map.create(bpf.MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, "t_stats") as stats,
-        bpf.load(program.build(k, timeouts.Timeouts.read(), pods.fd, stats.fd), program.NAME) as prog,
-    ):
-        assert bpf.prog_info(prog).name == program.NAME
+    maps = manager.create_maps()
+    try:
+        with bpf.load(program.build(k, timeouts.Timeouts.read(), program.Maps(*(m.fd for m in maps))),
+                      program.NAME) as prog:  # fmt: skip
+            assert bpf.prog_info(prog).name == program.NAME
+    finally:
+        for m in maps:
+            m.close()
 
 
 def test_a_sync_attaches_to_routed_pod_veths_and_the_given_devices_only_and_follows_them(node: str) -> None:
@@ -183,12 +191,18 @@ def test_a_pod_whose_address_the_quarantine_holds_is_marked_held_until_let_go(no
         inside(node, lambda _: quarantine.setup())
         assert inside(node, lambda nl: r.sync(nl, [])).held == 0  # nothing held: both ready
         assert mapped(r) == {held: program.READY, unrouted: program.READY}
+        first = generation(r)
+        inside(node, lambda nl: r.sync(nl, []))
+        assert generation(r) == first  # the map as it was: the flows' decisions stand
         assert inside(node, lambda _: quarantine.hold(["10.244.1.5"])) is True
         assert inside(node, lambda nl: r.sync(nl, [])).held == 2
         assert mapped(r) == {held: program.HELD, unrouted: program.HELD}
+        assert generation(r) > first  # every decision taken before is taken again, these veths' flows' too
+        second = generation(r)
         sh("ip", "netns", "exec", node, "nft", "flush", "set", "inet", quarantine.TABLE, "q4")  # let go
         assert inside(node, lambda nl: r.sync(nl, [])).held == 0
         assert mapped(r) == {held: program.READY, unrouted: program.READY}
+        assert generation(r) > second
     finally:
         inside(node, manager.detach_all)
         r.close()

@@ -26,10 +26,13 @@ def test_instructions_are_encoded_as_the_kernel_reads_them() -> None:
     a.st(1, R10, -1, 0xFF)  # BPF_ST | BPF_MEM | BPF_B
     a.call(26)
     a.kfunc(65669)
+    a.alu("mul", R1, imm=0x9E3779B1)  # BPF_ALU64 | BPF_MUL | BPF_K: the immediate as a signed 32-bit
+    a.alu("xor", R1, src=R2)  # BPF_ALU64 | BPF_XOR | BPF_X
     a.exit()
     assert words(a.assemble()) == [
         (0xBF, 0x16, 0, 0), (0xB7, 0x00, 0, -1), (0x07, 0x02, 0, -184), (0x61, 0x62, 16, 0), (0x7B, 0x2A, -8, 0),
-        (0x72, 0x0A, -1, 0xFF), (0x85, 0x00, 0, 26), (0x85, 0x20, 0, 65669), (0x95, 0x00, 0, 0),
+        (0x72, 0x0A, -1, 0xFF), (0x85, 0x00, 0, 26), (0x85, 0x20, 0, 65669), (0x27, 0x01, 0, 0x9E3779B1 - (1 << 32)),
+        (0xAF, 0x21, 0, 0), (0x95, 0x00, 0, 0),
     ]  # fmt: skip
 
 
