@@ -1,4 +1,5 @@
-"""Elements added to nftables sets over nfnetlink, as ``nft add element`` does it, without running ``nft``.
+"""Elements added to and read from nftables sets over nfnetlink, as ``nft add element`` and ``nft list set`` do it,
+without running ``nft``.
 
 The standalone CNI entry point quarantines every address it hands out (:mod:`cni.policy.quarantine`): running
 ``nft -f`` for that cost an exec of nft and the import of ``subprocess`` and the agent's command runner, about 15 ms
@@ -14,6 +15,10 @@ carries the first one's errno and the kernel's extended message. A refused batch
 period, 4-16 ms seen), so the table is looked up first (NFT_MSG_GETTABLE, no transaction), as ``nft`` does before
 it sends anything: on a node without the table, which is the common answer, that is all there is to it. Numbers
 from the kernel's ``linux/netfilter/nfnetlink.h`` and ``nf_tables.h``.
+
+Reading a set (:func:`elements`, for the redirect, which looks at the quarantine's sets at every sync) is one dump,
+NFT_MSG_GETSETELEM with the table and set names, answered by NFT_MSG_NEWSETELEM messages carrying the elements as
+``add`` sends them, then NLMSG_DONE.
 """
 
 from __future__ import annotations
@@ -24,7 +29,19 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from cni.dataplane import nlwire
-from cni.dataplane.nlwire import NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_ERROR, attr
+from cni.dataplane.nlwire import (
+    NLA_F_NESTED,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_DUMP_INTR,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSGHDR,
+    attr,
+    attrs,
+)
 from cni.dataplane.rtnl import error_of
 
 NETLINK_NETFILTER = 12
@@ -33,6 +50,7 @@ NFNL_MSG_BATCH_BEGIN = 16
 NFNL_MSG_BATCH_END = 17
 NFT_MSG_GETTABLE = 1
 NFT_MSG_NEWSETELEM = 12
+NFT_MSG_GETSETELEM = 13
 NFTA_TABLE_NAME = 1
 NFPROTO_INET = 1
 NFTA_SET_ELEM_LIST_TABLE = 1
@@ -113,6 +131,71 @@ def add_elements(table: str, sets: Mapping[str, Sequence[bytes]], timeout: float
             raise NfError(errno.ETIMEDOUT, f"no answer from the kernel within {timeout:g}s") from None
         except OSError as e:
             raise NfError(e.errno or errno.EIO, e.strerror or str(e)) from None
+
+
+def get_elements(family: int, table: str, name: str, seq: int) -> bytes:
+    """The dump request for the elements of set ``name`` of ``table`` (answered by NFT_MSG_NEWSETELEM messages, then
+    NLMSG_DONE; or an error: ENOENT when there is no such table or set)."""
+    body = attr(NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0") + attr(NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0")
+    msg_type = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM
+    return _message(msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, family, 0, body)
+
+
+def keys_of(msg: bytes | memoryview) -> list[bytes]:
+    """The keys of the elements one message of such a dump carries (NFTA_SET_ELEM_LIST_ELEMENTS, each
+    NFTA_LIST_ELEM's NFTA_SET_ELEM_KEY's NFTA_DATA_VALUE); whatever does not parse is left out."""
+    view = memoryview(msg)
+    out: list[bytes] = []
+
+    def nested(start: int, end: int, kind: int) -> list[tuple[int, int]]:
+        return [(a, b) for k, a, b in attrs(view[:end], start) if k == kind]
+
+    for start, end in nested(NLMSGHDR.size + _NFGEN.size, len(view), NFTA_SET_ELEM_LIST_ELEMENTS):
+        for e_start, e_end in nested(start, end, NFTA_LIST_ELEM):
+            for k_start, k_end in nested(e_start, e_end, NFTA_SET_ELEM_KEY):
+                out += [bytes(view[a:b]) for a, b in nested(k_start, k_end, NFTA_DATA_VALUE)]
+    return out
+
+
+def elements(table: str, name: str, timeout: float, family: int = NFPROTO_INET) -> list[bytes]:
+    """The keys of every element of set ``name`` of ``table``, as ``nft list set`` reads them (a dump the kernel
+    began again when the set changed under it is read again); :class:`NfError` when the kernel refuses (ENOENT:
+    no such table or set) or does not answer within ``timeout`` seconds (ETIMEDOUT)."""
+    try:
+        sock = nlwire.open_socket(NETLINK_NETFILTER, timeout)
+    except OSError as e:
+        raise NfError(e.errno or errno.EPROTONOSUPPORT, f"open an nfnetlink socket: {e.strerror or e}") from None
+    with sock:
+        for seq in range(1, 4):
+            try:
+                keys, whole = _dump(sock, get_elements(family, table, name, seq), seq)
+            except (TimeoutError, BlockingIOError):
+                raise NfError(errno.ETIMEDOUT, f"no answer from the kernel within {timeout:g}s") from None
+            except OSError as e:
+                raise NfError(e.errno or errno.EIO, e.strerror or str(e)) from None
+            if whole:
+                return keys
+        raise NfError(errno.EAGAIN, f"set {name} of {table} changed under every one of 3 reads")
+
+
+def _dump(sock: socket.socket, request: bytes, seq: int) -> tuple[list[bytes], bool]:
+    """Send a dump request and read its answer to NLMSG_DONE: the keys, and whether the dump was consistent."""
+    sock.sendall(request)
+    keys: list[bytes] = []
+    whole = True
+    while True:
+        for msg_type, flags, got, msg in nlwire.messages(sock.recv(1 << 16)):
+            if got != seq:
+                continue
+            if msg_type == NLMSG_ERROR:
+                code, text = error_of(flags, msg)
+                if code:
+                    raise NfError(code, text)
+                continue
+            whole = whole and not flags & NLM_F_DUMP_INTR
+            if msg_type == NLMSG_DONE:
+                return keys, whole
+            keys += keys_of(msg)
 
 
 def _exchange(sock: socket.socket, data: bytes, pending: set[int], begin: int) -> None:

@@ -18,15 +18,15 @@ it. Without the table (policy enforcement not in use on this node) :func:`hold` 
 
 Standard library only: the standalone entry point calls it. :func:`hold` talks to the kernel itself (one nfnetlink
 batch, :mod:`cni.policy.nfsets`), so a standalone ADD or DEL runs no ``nft``: it fails closed all the same, as any
-refusal but "no such table" (this node enforces no policy) fails the command. The policy agent's side (making the
-table, reading and releasing addresses) runs ``nft``.
+refusal but "no such table" (this node enforces no policy) fails the command. :func:`held`, which the redirect
+reads at every sync, is one nfnetlink dump per set. The policy agent's side (making the table, releasing addresses)
+runs ``nft``.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 from collections.abc import Iterable
 
 from cni.dataplane.tools import ToolError, nft_if_there, run_tool
@@ -91,19 +91,16 @@ def setup() -> None:
 
 
 def held() -> set[str]:
-    """The addresses held now (empty without the table)."""
+    """The addresses held now (empty without the table), read over nfnetlink (:func:`cni.policy.nfsets.elements`)."""
     out: set[str] = set()
-    for v in (4, 6):
+    for v, size in ((4, 4), (6, 16)):
         try:
-            text = nft_if_there(["-j", "list", "set", "inet", TABLE, f"q{v}"], NFT_TIMEOUT)
-        except ToolError as e:
+            keys = nfsets.elements(TABLE, f"q{v}", timeout=NFT_TIMEOUT)
+        except nfsets.NfError as e:
+            if e.code in _ABSENT:
+                continue
             raise QuarantineError(f"quarantine: {e}") from None
-        if text is None:
-            continue
-        for item in json.loads(text).get("nftables", []):
-            for elem in (item.get("set") or {}).get("elem", []) or []:
-                if isinstance(elem, str):
-                    out.add(elem)
+        out.update(str(ipaddress.ip_address(key)) for key in keys if len(key) == size)
     return out
 
 

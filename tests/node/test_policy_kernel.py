@@ -423,3 +423,20 @@ def test_hold_fails_closed_and_adds_nothing_when_the_kernel_refuses(bare: Netns)
         bare.call(quarantine.hold, ["10.9.0.5", "fd09::5"])
     assert "10.9.0.5, fd09::5" in str(e.value) and len(str(e.value)) > len("quarantine 10.9.0.5, fd09::5: ")
     assert bare.call(quarantine.held) == set()
+
+
+def test_held_reads_what_nft_lists_however_many_and_nothing_without_the_table(bare: Netns) -> None:
+    """What the redirect reads at every sync: the held addresses, read over nfnetlink, are those ``nft`` lists,
+    for sets too big for one message of the kernel's dump; no table (no policy enforcement here) holds nothing."""
+    assert bare.call(quarantine.held) == set()
+    bare.call(quarantine.setup)
+    assert bare.call(quarantine.held) == set()
+    v4 = [f"10.9.{i // 250}.{i % 250 + 1}" for i in range(700)]
+    v6 = [f"fd09::{i:x}" for i in range(1, 701)]
+    assert bare.call(quarantine.hold, v4 + v6) is True
+    listed: set[str] = set()
+    for v in (4, 6):
+        out = json.loads(bare.exec("nft", "-j", "list", "set", "inet", quarantine.TABLE, f"q{v}"))
+        listed |= {e for item in out["nftables"] for e in (item.get("set") or {}).get("elem", [])}
+    assert len(listed) == 1400
+    assert bare.call(quarantine.held) == listed
