@@ -355,31 +355,40 @@ def echoed(c: socket.socket, timeout: float = 2.0) -> bool:
     return True
 
 
-def test_a_pod_address_the_quarantine_holds_gets_nothing_past_it(lab: Lab) -> None:
-    """The quarantine drops every packet to and from a held address on the forward hook, an established flow's too
-    (the address's previous pod may have left one): the redirect must not carry them past it."""
+@contextlib.contextmanager
+def shortcut(lab: Lab, port: int) -> Iterator[tuple[Node, Pod, socket.socket]]:
+    """An open TCP connection from a routed pod of node-2 to an echo server on ``port`` in one of node-1's, once its
+    packets go past node-1's forwarding path: (node-1, its pod, the client's socket); closed at the end."""
     n1, n2 = lab.nodes[:2]
     a = next(p for p in routed(lab) if p.node is n1)
     b = next(p for p in routed(lab) if p.node is n2)
-    echo = Echo(a.ns, 7500)
-    c: socket.socket = b.ns.call(lambda: socket.create_connection((a.ip4, 7500), timeout=HANG))
-    held = False
+    echo = Echo(a.ns, port)
     try:
-        before = redirected(n1)["peer"]
-        assert all(echoed(c) for _ in range(50))
-        assert redirected(n1)["peer"] > before  # the open connection is shortcut into the pod
-        n1.ns.exec("nft", "add", "element", "inet", "nodeplug-quarantine", "q4", f"{{ {a.ip4} }}")
-        held = True
-        # a pod's veth coming and going makes the agent look at its pods (as an ADD or DEL of a reused address does)
-        delete(lab.add_pod(n1, "routed"))
-        wait_for("the held pod's open connection is cut", lambda: not echoed(c, 0.5), timeout=HANG)
-        assert not echoed(c)
+        with b.ns.call(lambda: socket.create_connection((a.ip4, port), timeout=HANG)) as c:
+            before = redirected(n1)["peer"]
+            assert all(echoed(c) for _ in range(50))
+            # (a pod the quarantine held is let go at the agent's next look, 1 s or more after its address)
+            wait_for("the open connection is shortcut into the pod",
+                     lambda: echoed(c) and redirected(n1)["peer"] > before, timeout=HANG)  # fmt: skip
+            yield n1, a, c
     finally:
-        if held:
+        echo.close()
+
+
+def test_a_pod_address_the_quarantine_holds_gets_nothing_past_it(lab: Lab) -> None:
+    """The quarantine drops every packet to and from a held address on the forward hook, an established flow's too
+    (the address's previous pod may have left one): the redirect must not carry them past it."""
+    with shortcut(lab, 7500) as (n1, a, c):
+        n1.ns.exec("nft", "add", "element", "inet", "nodeplug-quarantine", "q4", f"{{ {a.ip4} }}")
+        try:
+            # a pod's veth coming and going makes the agent look at its pods (as an ADD or DEL of a reused address
+            # does)
+            delete(lab.add_pod(n1, "routed"))
+            wait_for("the held pod's open connection is cut", lambda: not echoed(c, 0.5), timeout=HANG)
+            assert not echoed(c)
+        finally:
             n1.ns.exec("nft", "delete", "element", "inet", "nodeplug-quarantine", "q4", f"{{ {a.ip4} }}")
         wait_for("the connection goes on once let go", lambda: echoed(c, 2.0), timeout=HANG)
-        c.close()
-        echo.close()
 
 
 def test_a_flow_whose_tracking_entry_goes_meets_the_nodes_filters_again(lab: Lab) -> None:
@@ -387,36 +396,22 @@ def test_a_flow_whose_tracking_entry_goes_meets_the_nodes_filters_again(lab: Lab
     (``conntrack -D``), its packets meet the node's filters again as a new connection's, and a filter that drops new
     connections on the port (both ways, so that no packet of either end starts an entry that lets the other's
     through) stops it; let through again, it is picked up, tracked and shortcut as before."""
-    n1, n2 = lab.nodes[:2]
-    a = next(p for p in routed(lab) if p.node is n1)
-    b = next(p for p in routed(lab) if p.node is n2)
-    echo = Echo(a.ns, 7600)
-    c: socket.socket = b.ns.call(lambda: socket.create_connection((a.ip4, 7600), timeout=HANG))
-    filtered = False
-    try:
-        before = redirected(n1)["peer"]
-        assert all(echoed(c) for _ in range(50))
-        # (a pod the quarantine held is let go at the agent's next look, 1 s or more after its address)
-        wait_for("the connection is shortcut", lambda: echoed(c) and redirected(n1)["peer"] > before, timeout=HANG)
+    with shortcut(lab, 7600) as (n1, _, c):
         n1.ns.exec("nft", "add", "table", "inet", "t7600")
-        filtered = True
-        n1.ns.exec("nft", "add", "chain", "inet", "t7600", "gate", "{ type filter hook forward priority 0; }")
-        for port in ("dport", "sport"):
-            n1.ns.exec("nft", "add", "rule", "inet", "t7600", "gate", "tcp", port, "7600", "ct", "state", "new", "drop")
-        out = n1.ns.exec("conntrack", "-D", "-p", "tcp", "--dport", "7600")  # fails where it deleted nothing
-        assert "ESTABLISHED" in out and "dport=7600" in out, out
-        wait_for("the flow stops at the node's filter", lambda: not echoed(c, 0.5), timeout=HANG)
-        assert not echoed(c)
-    finally:
-        if filtered:
+        try:
+            n1.ns.exec("nft", "add", "chain", "inet", "t7600", "gate", "{ type filter hook forward priority 0; }")
+            for port in ("dport", "sport"):
+                n1.ns.exec("nft", "add", "rule", "inet", "t7600", "gate", "tcp", port, "7600", "ct", "state", "new",
+                           "drop")  # fmt: skip
+            out = n1.ns.exec("conntrack", "-D", "-p", "tcp", "--dport", "7600")  # fails where it deleted nothing
+            assert "ESTABLISHED" in out and "dport=7600" in out, out
+            wait_for("the flow stops at the node's filter", lambda: not echoed(c, 0.5), timeout=HANG)
+            assert not echoed(c)
+        finally:
             n1.ns.exec("nft", "delete", "table", "inet", "t7600")
-    try:
         wait_for("the connection goes on once let through", lambda: echoed(c, 2.0), timeout=HANG)
         mark = redirected(n1)["peer"]
         wait_for("its packets are shortcut again", lambda: echoed(c) and redirected(n1)["peer"] > mark, timeout=HANG)
-    finally:
-        c.close()
-        echo.close()
 
 
 def doctor_line(node: Node) -> str:
