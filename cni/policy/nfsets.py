@@ -23,10 +23,11 @@ NFT_MSG_GETSETELEM with the table and set names, answered by NFT_MSG_NEWSETELEM 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from cni.dataplane import nlwire
 from cni.dataplane.nlwire import (
@@ -118,15 +119,22 @@ def add_elements(table: str, sets: Mapping[str, Sequence[bytes]], timeout: float
     data, answered = batch(family, table, sets, seq=2)
     if not answered:
         return
-    begin = answered[0] - 1
+    with _session(timeout) as sock:
+        _exchange(sock, get_table(family, table, 1), {1}, 0)
+        _exchange(sock, data, set(answered), answered[0] - 1)
+
+
+@contextlib.contextmanager
+def _session(timeout: float) -> Iterator[socket.socket]:
+    """An nfnetlink socket whose every call ends after ``timeout`` seconds; a socket error in the block, or the
+    kernel's silence, as :class:`NfError`."""
     try:
         sock = nlwire.open_socket(NETLINK_NETFILTER, timeout)
     except OSError as e:
         raise NfError(e.errno or errno.EPROTONOSUPPORT, f"open an nfnetlink socket: {e.strerror or e}") from None
     with sock:
         try:
-            _exchange(sock, get_table(family, table, 1), {1}, 0)
-            _exchange(sock, data, set(answered), begin)
+            yield sock
         except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO or SO_SNDTIMEO ran out
             raise NfError(errno.ETIMEDOUT, f"no answer from the kernel within {timeout:g}s") from None
         except OSError as e:
@@ -161,21 +169,12 @@ def elements(table: str, name: str, timeout: float, family: int = NFPROTO_INET) 
     """The keys of every element of set ``name`` of ``table``, as ``nft list set`` reads them (a dump the kernel
     began again when the set changed under it is read again); :class:`NfError` when the kernel refuses (ENOENT:
     no such table or set) or does not answer within ``timeout`` seconds (ETIMEDOUT)."""
-    try:
-        sock = nlwire.open_socket(NETLINK_NETFILTER, timeout)
-    except OSError as e:
-        raise NfError(e.errno or errno.EPROTONOSUPPORT, f"open an nfnetlink socket: {e.strerror or e}") from None
-    with sock:
+    with _session(timeout) as sock:
         for seq in range(1, 4):
-            try:
-                keys, whole = _dump(sock, get_elements(family, table, name, seq), seq)
-            except (TimeoutError, BlockingIOError):
-                raise NfError(errno.ETIMEDOUT, f"no answer from the kernel within {timeout:g}s") from None
-            except OSError as e:
-                raise NfError(e.errno or errno.EIO, e.strerror or str(e)) from None
+            keys, whole = _dump(sock, get_elements(family, table, name, seq), seq)
             if whole:
                 return keys
-        raise NfError(errno.EAGAIN, f"set {name} of {table} changed under every one of 3 reads")
+    raise NfError(errno.EAGAIN, f"set {name} of {table} changed under every one of 3 reads")
 
 
 def _dump(sock: socket.socket, request: bytes, seq: int) -> tuple[list[bytes], bool]:

@@ -59,6 +59,7 @@ A per-CPU counter map counts the packets handed over each way (:data:`PEER`, :da
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cni.redirect import btf
@@ -101,14 +102,13 @@ OPTS = -120  # struct bpf_ct_opts (16 bytes kept zero beyond the 12 passed)
 HDR = -184  # the IP header and the first 14 bytes after it
 KEY = -192  # a map key or a byte or two to store
 OUTIF = -200  # the device the route leaves by
-FLOW = -248  # the flow's key (FLOW_KEY bytes, 8-aligned)
+FLOW = -248  # the flow's key (44 bytes, 8-aligned: :func:`_klen`)
 GEN = -256  # the generation read at the start
 SLOT = -264  # the flow's slot (a pointer into the per-CPU map of flows)
 
 # the per-CPU map of flows: a slot per hash of a flow's key, holding the key and what was decided for it
 SLOTS = 1024  # per CPU; a power of two
 SLOT_BITS = SLOTS.bit_length() - 1
-FLOW_KEY = 44  # ingress ifindex, L4 protocol | family << 8, saddr, daddr, sport, dport (IPv4 uses the first 20)
 S_OUTIF, S_WAY, S_MACS, S_CHECKED, S_GEN, SLOT_SIZE = 44, 48, 52, 64, 72, 80  # S_MACS: FIB's order, smac then dmac
 FRESH_NS = 50_000_000  # a decision is taken again from the kernel's tables after this long
 GOLDEN = 0x9E3779B1
@@ -169,14 +169,30 @@ def _pass(a: Asm) -> None:
     a.exit()
 
 
-def _copy(a: Asm, dst: int, base: int, off: int, size: int) -> None:
-    """Copy ``size`` bytes (even) from ``base + off`` (the stack or the packet) to the stack at ``dst``."""
-    for i in range(0, size - size % 4, 4):
-        a.ldx(4, R4, base, off + i)
-        a.stx(4, R10, dst + i, R4)
-    if size % 4:
-        a.ldx(2, R4, base, off + size - 2)
-        a.stx(2, R10, dst + size - 2, R4)
+def _chunks(x_off: int, y_off: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(offset, width)`` of the loads that cover ``size`` bytes (even) at ``x_off`` and at ``y_off``: 8 bytes at a
+    time where both are 8-aligned, else 4, the last 2 alone."""
+    wide = x_off % 8 == 0 and y_off % 8 == 0
+    i = 0
+    while i < size:
+        n = 8 if wide and size - i >= 8 else 4 if size - i >= 4 else 2
+        yield i, n
+        i += n
+
+
+def _move(a: Asm, dst: int, dst_off: int, src: int, src_off: int, size: int) -> None:
+    """Copy ``size`` bytes (even) from ``src + src_off`` (the stack, the packet, a map value) to ``dst + dst_off``."""
+    for i, n in _chunks(dst_off, src_off, size):
+        a.ldx(n, R4, src, src_off + i)
+        a.stx(n, dst, dst_off + i, R4)
+
+
+def _same(a: Asm, x: int, x_off: int, y: int, y_off: int, size: int, differ: str) -> None:
+    """To ``differ`` unless the ``size`` bytes (even) at ``x + x_off`` and ``y + y_off`` are equal."""
+    for i, n in _chunks(x_off, y_off, size):
+        a.ldx(n, R2, x, x_off + i)
+        a.ldx(n, R3, y, y_off + i)
+        a.jmp("jne", differ, R2, src=R3)
 
 
 def _packet(a: Asm, size: int, fail: str = "pass") -> None:
@@ -187,30 +203,6 @@ def _packet(a: Asm, size: int, fail: str = "pass") -> None:
     a.mov(R4, R2)
     a.alu("add", R4, imm=size)
     a.jmp("jgt", fail, R4, src=R3)
-
-
-def _move(a: Asm, dst: int, dst_off: int, src: int, src_off: int, size: int) -> None:
-    """Copy ``size`` bytes (a multiple of 4) from ``src + src_off`` to ``dst + dst_off``, 8 at a time where both are
-    8-aligned."""
-    wide = (dst_off - src_off) % 8 == 0 and src_off % 8 == 0
-    i = 0
-    while i < size:
-        n = 8 if wide and size - i >= 8 else 4
-        a.ldx(n, R4, src, src_off + i)
-        a.stx(n, dst, dst_off + i, R4)
-        i += n
-
-
-def _same(a: Asm, x: int, x_off: int, y: int, y_off: int, size: int, differ: str) -> None:
-    """To ``differ`` unless the ``size`` bytes (a multiple of 4) at ``x + x_off`` and ``y + y_off`` are equal."""
-    wide = (x_off - y_off) % 8 == 0 and y_off % 8 == 0
-    i = 0
-    while i < size:
-        n = 8 if wide and size - i >= 8 else 4
-        a.ldx(n, R2, x, x_off + i)
-        a.ldx(n, R3, y, y_off + i)
-        a.jmp("jne", differ, R2, src=R3)
-        i += n
 
 
 def _lookup(a: Asm, map_fd: int, base: int, off: int) -> None:
@@ -239,7 +231,7 @@ def _cached(a: Asm, f: _Family, p: str, maps: Maps) -> None:
     a.mov(R2, R7)
     a.alu("or", R2, imm=f.af << 8)
     a.stx(4, R10, FLOW + 4, R2)
-    _copy(a, FLOW + 8, R10, HDR + f.src, klen - 8)
+    _move(a, R10, FLOW + 8, R10, HDR + f.src, klen - 8)
     a.ldx(4, R1, R10, FLOW)
     for off in range(8, klen, 4):
         a.ldx(4, R2, R10, FLOW + off)
@@ -289,7 +281,8 @@ def _remember(a: Asm, f: _Family) -> None:
 
 
 def _klen(f: _Family) -> int:
-    """The length of a flow's key: ingress ifindex, protocol and family, addresses, ports."""
+    """The length of a flow's key: ingress ifindex, L4 protocol | family << 8, saddr, daddr, sport, dport (20 bytes
+    for IPv4, 44 for IPv6)."""
     return 8 + 2 * f.addr_len + 4
 
 
@@ -308,7 +301,7 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, maps: Maps) -> None:
     a.jmp("jne", "pass", R0, imm=0)  # shorter than that: not TCP or UDP with its header whole
     _packet(a, size)
     a.label(f"{p}read")
-    _copy(a, HDR, R2, ETH_HLEN, f.hdr_len + 14)
+    _move(a, R10, HDR, R2, ETH_HLEN, f.hdr_len + 14)
     a.ldx(1, R2, R10, HDR)
     if f.v == 4:
         a.jmp("jne", "pass", R2, imm=0x45)  # version 4, no options
@@ -348,8 +341,8 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, maps: Maps) -> None:
     if f.v == 4:
         a.ldx(1, R2, R10, HDR + 1)
         a.stx(1, R10, FIB + FIB_TOS, R2)
-    _copy(a, FIB + FIB_SRC, R10, HDR + f.src, f.addr_len)
-    _copy(a, FIB + FIB_DST, R10, HDR + f.src + f.addr_len, f.addr_len)
+    _move(a, R10, FIB + FIB_SRC, R10, HDR + f.src, f.addr_len)
+    _move(a, R10, FIB + FIB_DST, R10, HDR + f.src + f.addr_len, f.addr_len)
     a.mov(R1, R6)
     a.mov(R2, R10)
     a.alu("add", R2, imm=FIB)
@@ -379,7 +372,7 @@ def _family(a: Asm, f: _Family, k: Kernel, t: Timeouts, maps: Maps) -> None:
     a.mov(R8, imm=OUT)
     # the flow: established both ways, untranslated
     a.label(f"{p}ct")
-    _copy(a, TUPLE, R10, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
+    _move(a, R10, TUPLE, R10, HDR + f.src, 2 * f.addr_len + 4)  # saddr, daddr, sport, dport
     a.st(8, R10, OPTS, 0)
     a.st(8, R10, OPTS + 8, 0)
     a.st(4, R10, OPTS, CURRENT_NETNS)
